@@ -1,0 +1,112 @@
+//! `wrpc:broker/direct` on the store's inboxes: an address is a store inbox name, used verbatim
+//! (`inbox()` mints `{prefix}.inbox.{id}`), a listener is a store listener with the same group,
+//! and its packets are pumped into the listener's stream until `stop`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
+use crate::wrpc::memory::store;
+use crate::{Component, DEFAULT_PREFIX, config, pump, store_error};
+use wit_bindgen::StreamReader;
+use wrpc_broker_guest::Error;
+use wrpc_broker_guest::signal::Latch;
+
+/// A live listener: its stop signal and whether its pump has ended.
+#[derive(Default)]
+struct Listener {
+    /// Set by `stop`: the pump ends at once.
+    stop: Latch,
+    /// Set when the pump has ended (stopped, or the store or the host dropped a stream).
+    ended: Latch,
+}
+
+thread_local! {
+    /// Live listeners by id.
+    static LISTENERS: RefCell<BTreeMap<ListenerId, Rc<Listener>>> = const { RefCell::new(BTreeMap::new()) };
+    /// The next listener id.
+    static NEXT_ID: Cell<ListenerId> = const { Cell::new(1) };
+}
+
+/// A broker packet as a store packet.
+fn to_store(p: Packet) -> store::Packet {
+    store::Packet {
+        body: p.body,
+        headers: p.headers,
+        correlation_id: p.correlation_id,
+        reply_to: p.reply_to,
+    }
+}
+
+/// A store packet as a broker packet.
+fn from_store(p: store::Packet) -> Packet {
+    Packet {
+        body: p.body,
+        headers: p.headers,
+        correlation_id: p.correlation_id,
+        reply_to: p.reply_to,
+    }
+}
+
+/// Turn a batch read from the store into the batch the listener's stream gets.
+fn deliver(batch: Vec<store::Packet>) -> Vec<Packet> {
+    #[cfg(feature = "mutant-deliver-twice")]
+    let batch: Vec<store::Packet> = batch.into_iter().flat_map(|p| [p.clone(), p]).collect();
+    batch.into_iter().map(from_store).collect()
+}
+
+/// Stop every live listener (`close`).
+pub(crate) async fn stop_all() {
+    let ids: Vec<ListenerId> = LISTENERS.with_borrow(|m| m.keys().copied().collect());
+    for id in ids {
+        <Component as Guest>::stop(id).await;
+    }
+}
+
+impl Guest for Component {
+    fn inbox() -> String {
+        let prefix = config().map_or_else(|_| DEFAULT_PREFIX.to_string(), |c| c.prefix.clone());
+        wrpc_broker_guest::ids::prefixed(&format!("{prefix}.inbox."))
+    }
+
+    async fn send(address: String, message: Packet, timeout_ms: u32) -> Result<(), Error> {
+        store::inbox_send(address, to_store(message), timeout_ms)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn listen(
+        address: String,
+        group: Option<String>,
+    ) -> Result<(ListenerId, StreamReader<Packet>), Error> {
+        if address.is_empty() {
+            return Err(Error::bad_request("empty address"));
+        }
+        #[cfg(feature = "mutant-ignore-group")]
+        let group: Option<String> = group.and(None);
+        let from = store::inbox_listen(address, group).await;
+        let id = NEXT_ID.replace(NEXT_ID.get() + 1);
+        let listener = Rc::new(Listener::default());
+        LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
+        let (tx, rx) = crate::wit_stream::new::<Packet>();
+        wit_bindgen::spawn_local(async move {
+            pump(from, tx, deliver, listener.stop.wait()).await;
+            listener.ended.set();
+        });
+        Ok((id, rx))
+    }
+
+    fn healthy(listener: ListenerId) -> Option<bool> {
+        LISTENERS.with_borrow(|m| m.get(&listener).map(|l| !l.ended.is_set()))
+    }
+
+    async fn stop(listener: ListenerId) {
+        let Some(l) = LISTENERS.with_borrow(|m| m.get(&listener).cloned()) else {
+            return;
+        };
+        l.stop.set();
+        l.ended.wait().await;
+        LISTENERS.with_borrow_mut(|m| m.remove(&listener));
+    }
+}

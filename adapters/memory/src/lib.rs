@@ -1,0 +1,210 @@
+//! The memory adapter: every capability of `wrpc:broker` mapped onto the host's in-process
+//! `wrpc:memory/store`.
+//!
+//! Everything lasting (log entries, queued messages, channel and inbox registrations) lives in
+//! the store, which several host instances share. This component keeps only what an instance
+//! may lose on a trap: its options and generation, and its live consumers and listeners with
+//! their unsettled deliveries (the store's leases bring those back).
+//!
+//! Store names: logs `{prefix}/log/{topic}`, queues `{prefix}/queue/{name}`, channels
+//! `{prefix}/chan/{channel}`; inbox addresses are used verbatim.
+
+wit_bindgen::generate!({
+    inline: "package wrpc:memory-adapter; world adapter { include wrpc:broker/full-adapter@0.1.0; import wrpc:memory/store@0.1.0; }",
+    path: ["../../wit/broker", "../../wit/memory"],
+    with: {
+        "wrpc:broker/types@0.1.0": wrpc_broker_guest::types,
+        "wrpc:broker/host@0.1.0": wrpc_broker_guest::host,
+        "wrpc:memory/store@0.1.0": generate,
+    },
+});
+
+mod backplane;
+mod direct;
+mod log;
+mod queue;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::pin;
+use std::rc::Rc;
+
+use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
+use futures::future::{Either, select};
+use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
+use wrpc::memory::store::StoreError;
+use wrpc_broker_guest::options::Options;
+use wrpc_broker_guest::{Error, host};
+
+/// The component; it implements every exported interface.
+struct Component;
+export!(Component);
+
+/// The default of option `prefix`.
+const DEFAULT_PREFIX: &str = "wrpc";
+/// The default of option `retention.maxEntries`.
+const DEFAULT_MAX_ENTRIES: u32 = 10_000;
+/// The default of option `queue.visibilityMs`.
+const DEFAULT_VISIBILITY_MS: u32 = 30_000;
+/// How many items one read of a store stream takes at most.
+const BATCH: usize = 256;
+
+/// What `init` configured; fixed for the life of the instance.
+struct Config {
+    /// The instance generation, stamped into every delivery tag.
+    generation: u32,
+    /// Namespace of every store name.
+    prefix: String,
+    /// Retention of the logs this adapter creates.
+    max_entries: u32,
+    /// Epoch stamped on the logs this adapter creates.
+    epoch: String,
+    /// The lease a queue consumer takes, in milliseconds.
+    visibility_ms: u32,
+}
+
+impl Config {
+    /// Read the `init` options; an unknown option or a bad value is a bad request naming it.
+    fn from_options(generation: u32, options: Vec<(String, String)>) -> Result<Self, Error> {
+        let mut options = Options::new(options)?;
+        let config = Config {
+            generation,
+            prefix: options
+                .string("prefix")
+                .unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
+            max_entries: options.parse("retention.maxEntries", DEFAULT_MAX_ENTRIES)?,
+            epoch: options.string("epoch").unwrap_or_else(host::generate_id),
+            visibility_ms: options.parse("queue.visibilityMs", DEFAULT_VISIBILITY_MS)?,
+        };
+        options.finish()?;
+        if config.prefix.is_empty() {
+            return Err(Error::bad_request("option `prefix` must not be empty"));
+        }
+        if config.max_entries == 0 {
+            return Err(Error::bad_request(
+                "option `retention.maxEntries` must be at least 1",
+            ));
+        }
+        if !log::is_epoch(&config.epoch) {
+            return Err(Error::bad_request(format!(
+                "option `epoch`: `{}` is not [A-Za-z0-9_-]+",
+                config.epoch
+            )));
+        }
+        if config.visibility_ms == 0 {
+            return Err(Error::bad_request(
+                "option `queue.visibilityMs` must be at least 1",
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The store name of `name` in namespace `kind` (`log`, `queue`, `chan`); empty is a bad
+    /// request.
+    fn name(&self, kind: &str, name: &str) -> Result<String, Error> {
+        if name.is_empty() {
+            return Err(Error::bad_request(format!("empty {kind} name")));
+        }
+        Ok(format!("{}/{kind}/{name}", self.prefix))
+    }
+}
+
+thread_local! {
+    /// The configuration `init` set; none before.
+    static CONFIG: RefCell<Option<Rc<Config>>> = const { RefCell::new(None) };
+}
+
+/// The configuration, or `closed` before `init`.
+fn config() -> Result<Rc<Config>, Error> {
+    CONFIG
+        .with_borrow(Clone::clone)
+        .ok_or_else(|| Error::closed("the adapter was not initialised"))
+}
+
+/// A store error as a broker error, same kind and message.
+fn store_error(e: StoreError) -> Error {
+    match e {
+        StoreError::BadRequest(m) => Error::BadRequest(m),
+        StoreError::Unavailable(m) => Error::Unavailable(m),
+        StoreError::Refused(m) => Error::Refused(m),
+        StoreError::Timeout(m) => Error::Timeout(m),
+    }
+}
+
+/// Copy the store stream `from` into the returned stream `to`, a batch (up to [`BATCH`] items)
+/// at a time through `convert`, until either end is dropped or `stop` resolves. Dropping
+/// `from` on the way out unregisters the reader in the store.
+async fn pump<T: 'static, U: 'static>(
+    mut from: StreamReader<T>,
+    mut to: StreamWriter<U>,
+    mut convert: impl FnMut(Vec<T>) -> Vec<U>,
+    stop: impl Future<Output = ()>,
+) {
+    let mut stop = pin!(stop);
+    loop {
+        let read = pin!(from.read(Vec::with_capacity(BATCH)));
+        let (result, items) = match select(read, stop.as_mut()).await {
+            Either::Left((read, _)) => read,
+            Either::Right(_) => return,
+        };
+        let batch = convert(items);
+        if !batch.is_empty() {
+            let write = pin!(to.write_all(batch));
+            match select(write, stop.as_mut()).await {
+                Either::Left((unsent, _)) if unsent.is_empty() => {}
+                _ => return,
+            }
+        }
+        if !matches!(result, StreamResult::Complete(_)) {
+            return;
+        }
+    }
+}
+
+impl Guest for Component {
+    fn describe() -> Info {
+        let option = |name: &str, default: String, doc: &str| OptionInfo {
+            name: name.to_string(),
+            default_value: default,
+            doc: doc.to_string(),
+        };
+        Info {
+            name: "memory".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            broker: "memory".to_string(),
+            options: vec![
+                option(
+                    "retention.maxEntries",
+                    DEFAULT_MAX_ENTRIES.to_string(),
+                    "Entries kept per topic in the logs this adapter creates; older ones are trimmed.",
+                ),
+                option(
+                    "epoch",
+                    String::new(),
+                    "Stamped into the ids of the logs this adapter creates (default: a fresh id at init).",
+                ),
+                option(
+                    "prefix",
+                    DEFAULT_PREFIX.to_string(),
+                    "Namespace of every log, queue and channel name in the store.",
+                ),
+                option(
+                    "queue.visibilityMs",
+                    DEFAULT_VISIBILITY_MS.to_string(),
+                    "Lease a consumer takes on a delivery; renewed every third of it until settled.",
+                ),
+            ],
+        }
+    }
+
+    async fn init(generation: u32, options: Vec<(String, String)>) -> Result<(), Error> {
+        let config = Config::from_options(generation, options)?;
+        CONFIG.set(Some(Rc::new(config)));
+        Ok(())
+    }
+
+    async fn close() {
+        queue::stop_all().await;
+        direct::stop_all().await;
+    }
+}

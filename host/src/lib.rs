@@ -1,0 +1,15 @@
+//! wrpc-broker: a host for message-broker adapters that are WebAssembly components.
+//!
+//! A broker is described by four capabilities (backplane, log, queue, direct); each adapter is a
+//! sandboxed component that maps them onto one broker, and exports the ones it offers. The host
+//! owns every broker connection (the drivers) and lends a component only what it was configured
+//! with.
+
+pub mod bindings;
+pub mod drivers;
+pub mod error;
+pub mod ids;
+pub mod runtime;
+pub mod token;
+
+pub use error::{Error, Result};

@@ -1,0 +1,118 @@
+//! Streams across the component boundary, both ways, always moved in batches:
+//! [`Forward`] drains a guest-written stream into a tokio channel of batches, and
+//! [`BatchProducer`] feeds a guest-read stream from any host source polled for batches.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Destination, Source, StreamConsumer, StreamProducer, StreamResult, VecBuffer};
+
+/// The most items moved in one batch.
+pub const MAX_BATCH: usize = 1024;
+
+/// How many batches may wait in a forwarding channel before the guest writer is held back.
+pub const CHANNEL_BATCHES: usize = 64;
+
+/// Reads a guest-written stream and sends each batch to a tokio channel. When the channel's
+/// receiver is gone the guest sees its reader dropped.
+pub struct Forward<T: Send + 'static> {
+    tx: PollSender<Vec<T>>,
+}
+
+impl<T: Send + 'static> Forward<T> {
+    /// A forwarder and the receiver of its batches.
+    pub fn channel() -> (Self, mpsc::Receiver<Vec<T>>) {
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        (Self { tx: PollSender::new(tx) }, rx)
+    }
+}
+
+impl<D, T: Send + Sync + wasmtime::component::Lift + 'static> StreamConsumer<D> for Forward<T> {
+    type Item = T;
+
+    fn poll_consume(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut store: StoreContextMut<D>,
+        mut source: Source<'_, Self::Item>,
+        finish: bool,
+    ) -> Poll<wasmtime::Result<StreamResult>> {
+        match self.tx.poll_reserve(cx) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(StreamResult::Dropped)),
+            Poll::Pending if finish => Poll::Ready(Ok(StreamResult::Cancelled)),
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                let wanted = source.remaining(&mut store).clamp(1, MAX_BATCH);
+                let mut batch = Vec::with_capacity(wanted);
+                source.read(&mut store, &mut batch)?;
+                if batch.is_empty() {
+                    // Nothing to move (a zero-length write): keep the permit for the next one.
+                    return Poll::Ready(Ok(StreamResult::Completed));
+                }
+                match self.tx.send_item(batch) {
+                    Ok(()) => Poll::Ready(Ok(StreamResult::Completed)),
+                    Err(_) => Poll::Ready(Ok(StreamResult::Dropped)),
+                }
+            }
+        }
+    }
+}
+
+/// A host source that yields batches when polled (a broker subscription, a store follower).
+pub trait PollBatch: Send + 'static {
+    /// What the source yields.
+    type Item: Send + 'static;
+    /// Up to `max` items; `Ready(None)` once the source has ended for good.
+    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>>;
+}
+
+/// Feeds a guest-read stream from a [`PollBatch`] source, converting each item with `map`.
+pub struct BatchProducer<S, F> {
+    source: S,
+    map: F,
+}
+
+impl<S, F> BatchProducer<S, F> {
+    /// A producer over `source`.
+    pub fn new(source: S, map: F) -> Self {
+        Self { source, map }
+    }
+}
+
+impl<D, S, F, T> StreamProducer<D> for BatchProducer<S, F>
+where
+    S: PollBatch + Unpin,
+    F: FnMut(S::Item) -> T + Send + Unpin + 'static,
+    T: Send + Sync + 'static,
+{
+    type Item = T;
+    type Buffer = VecBuffer<T>;
+
+    fn poll_produce<'a>(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut store: StoreContextMut<'a, D>,
+        mut dst: Destination<'a, Self::Item, Self::Buffer>,
+        finish: bool,
+    ) -> Poll<wasmtime::Result<StreamResult>> {
+        let room = dst.remaining(&mut store).unwrap_or(MAX_BATCH).min(MAX_BATCH);
+        if room == 0 {
+            // A readiness probe: claim readiness rather than buffering items nobody may read.
+            return Poll::Ready(Ok(StreamResult::Completed));
+        }
+        let me = &mut *self;
+        match me.source.poll_batch(cx, room) {
+            Poll::Ready(None) => Poll::Ready(Ok(StreamResult::Dropped)),
+            Poll::Ready(Some(items)) => {
+                let items: Vec<T> = items.into_iter().map(&mut me.map).collect();
+                dst.set_buffer(items.into());
+                Poll::Ready(Ok(StreamResult::Completed))
+            }
+            Poll::Pending if finish => Poll::Ready(Ok(StreamResult::Cancelled)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
