@@ -13,3 +13,12 @@ pub mod runtime;
 pub mod token;
 
 pub use error::{Error, Result};
+pub mod backplane;
+pub mod broker;
+pub mod log;
+
+pub use backplane::{Backplane, Subscription};
+pub use broker::{Broker, BrokerBuilder};
+pub use drivers::memory::MemoryStore;
+pub use log::{AppendOptions, Entry, Log, Position, ReadFrom, Reader};
+pub use runtime::{Capabilities, Limits};

@@ -50,17 +50,28 @@ fn safe_table(safe: &str) -> Result<[bool; 128], TokenError> {
 }
 
 /// Encode `name` so that only characters of `safe` appear; see the WIT `host.encode-token`.
-pub fn encode_token(name: &str, safe: &str, escape: &str, max_len: u32) -> Result<String, TokenError> {
+pub fn encode_token(
+    name: &str,
+    safe: &str,
+    escape: &str,
+    max_len: u32,
+) -> Result<String, TokenError> {
     let esc = match escape.as_bytes() {
         [c] if c.is_ascii() => *c,
         _ => return Err(TokenError::BadEscape(escape.to_string())),
     };
     let table = safe_table(safe)?;
     if table[esc as usize] {
-        return Err(TokenError::BadSafe(safe.to_string(), "must not contain the escape".into()));
+        return Err(TokenError::BadSafe(
+            safe.to_string(),
+            "must not contain the escape".into(),
+        ));
     }
     if !b"0123456789abcdef".iter().all(|c| table[*c as usize]) {
-        return Err(TokenError::BadSafe(safe.to_string(), "must contain 0-9a-f".into()));
+        return Err(TokenError::BadSafe(
+            safe.to_string(),
+            "must contain 0-9a-f".into(),
+        ));
     }
     if max_len < MIN_MAX_LEN {
         return Err(TokenError::MaxLenTooSmall(max_len));
@@ -88,7 +99,12 @@ pub fn encode_token(name: &str, safe: &str, escape: &str, max_len: u32) -> Resul
     }
     let digest = hex::encode(Sha256::digest(name.as_bytes()));
     let room = max - 2 - DIGEST_HEX;
-    let cut = boundaries.iter().rev().find(|&&b| b <= room).copied().unwrap_or(0);
+    let cut = boundaries
+        .iter()
+        .rev()
+        .find(|&&b| b <= room)
+        .copied()
+        .unwrap_or(0);
     out.truncate(cut);
     out.push(escape);
     out.push(escape);
@@ -117,10 +133,22 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_refused() {
-        assert!(matches!(encode_token("x", SAFE, "~~", 64), Err(TokenError::BadEscape(_))));
-        assert!(matches!(encode_token("x", "a-z~", "~", 64), Err(TokenError::BadSafe(..))));
-        assert!(matches!(encode_token("x", "g-z", "~", 64), Err(TokenError::BadSafe(..))));
-        assert!(matches!(encode_token("x", SAFE, "~", 39), Err(TokenError::MaxLenTooSmall(39))));
+        assert!(matches!(
+            encode_token("x", SAFE, "~~", 64),
+            Err(TokenError::BadEscape(_))
+        ));
+        assert!(matches!(
+            encode_token("x", "a-z~", "~", 64),
+            Err(TokenError::BadSafe(..))
+        ));
+        assert!(matches!(
+            encode_token("x", "g-z", "~", 64),
+            Err(TokenError::BadSafe(..))
+        ));
+        assert!(matches!(
+            encode_token("x", SAFE, "~", 39),
+            Err(TokenError::MaxLenTooSmall(39))
+        ));
     }
 
     proptest! {

@@ -1,1 +1,2 @@
-
+//! The contract suite every wrpc-broker adapter must pass.
+pub mod components;

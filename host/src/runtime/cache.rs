@@ -44,7 +44,8 @@ impl ComponentCache {
     /// A cache in `dir`, created private to this user.
     pub fn open(dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating cache dir {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating cache dir {}", dir.display()))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -57,7 +58,9 @@ impl ComponentCache {
     /// The file a component with these bytes compiles to under `engine`.
     pub fn path_for(&self, engine: &Engine, wasm: &[u8]) -> PathBuf {
         let mut engine_hash = DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut engine_hash);
+        engine
+            .precompile_compatibility_hash()
+            .hash(&mut engine_hash);
         let file_hash = hex::encode(Sha256::digest(wasm));
         self.dir
             .join(format!("{file_hash}-{:016x}.cwasm", engine_hash.finish()))
@@ -71,10 +74,13 @@ impl ComponentCache {
             // write, for this exact engine configuration (part of the key).
             match unsafe { Component::deserialize_file(engine, &path) } {
                 Ok(component) => return Ok((component, Origin::Cached)),
-                Err(e) => tracing::warn!(path = %path.display(), "cached component unusable, recompiling: {e:#}"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "cached component unusable, recompiling: {e:#}")
+                }
             }
         }
-        let component = Component::new(engine, wasm).map_err(|e| anyhow::anyhow!("compiling the component: {e:#}"))?;
+        let component = Component::new(engine, wasm)
+            .map_err(|e| anyhow::anyhow!("compiling the component: {e:#}"))?;
         if let Err(e) = store(&path, &component) {
             tracing::warn!(path = %path.display(), "could not cache the compiled component: {e:#}");
         }
@@ -84,7 +90,9 @@ impl ComponentCache {
 
 /// Write atomically: a reader never sees a half-written artifact.
 fn store(path: &Path, component: &Component) -> anyhow::Result<()> {
-    let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let bytes = component
+        .serialize()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)?;

@@ -103,16 +103,24 @@ impl AdapterInstance {
             last_trap: Mutex::new(None),
             closing: CancellationToken::new(),
         });
-        tokio::spawn(supervise(Supervisor {
-            component,
-            config,
-            shared: shared.clone(),
-            generation,
-            gen_tx,
-            rx,
-            logger,
-        }, store, exports));
-        Ok(Self { jobs, generations, shared })
+        tokio::spawn(supervise(
+            Supervisor {
+                component,
+                config,
+                shared: shared.clone(),
+                generation,
+                gen_tx,
+                rx,
+                logger,
+            },
+            store,
+            exports,
+        ));
+        Ok(Self {
+            jobs,
+            generations,
+            shared,
+        })
     }
 
     /// What `describe` said.
@@ -137,7 +145,11 @@ impl AdapterInstance {
 
     /// The message of the last trap, if any.
     pub fn last_trap(&self) -> Option<String> {
-        self.shared.last_trap.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared
+            .last_trap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Call `close` on the adapter and stop the instance; later calls fail with `closed`.
@@ -204,12 +216,19 @@ async fn instantiate(
     generation: u32,
     logger: Option<TargetLogger>,
 ) -> Result<(Store<Ctx>, Exports, AdapterInfo)> {
-    let load = |what: &str, e: wasmtime::Error| Error::Load(format!("{}: {what}: {e:#}", component.source));
+    let load = |what: &str, e: wasmtime::Error| {
+        Error::Load(format!("{}: {what}: {e:#}", component.source))
+    };
     // Until `describe` names the adapter, its output goes to `broker.starting`.
     let logger = logger.unwrap_or_else(|| TargetLogger::new("broker.starting"));
     let mut store = Store::new(
         &component.engine,
-        Ctx::new(logger, config.ids.clone(), config.drivers.clone(), &config.limits),
+        Ctx::new(
+            logger,
+            config.ids.clone(),
+            config.drivers.clone(),
+            &config.limits,
+        ),
     );
     store.limiter(|ctx| &mut ctx.limits);
     let slice_ticks = (config.limits.cpu_slice.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
@@ -249,7 +268,12 @@ async fn instantiate(
             .map(|o: adapter::OptionInfo| (o.name, o.default_value, o.doc))
             .collect(),
     };
-    if info.name.is_empty() || !info.name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
+    if info.name.is_empty()
+        || !info
+            .name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+    {
         return Err(Error::Load(format!(
             "{}: describe() named the adapter {:?}: use letters, digits, `-` and `_`",
             component.source, info.name
@@ -259,7 +283,9 @@ async fn instantiate(
     let options = config.options.clone();
     let adapter = exports.adapter.clone();
     let init = store
-        .run_concurrent(async move |accessor| adapter.call_init(accessor, generation, options).await)
+        .run_concurrent(async move |accessor| {
+            adapter.call_init(accessor, generation, options).await
+        })
         .await
         .and_then(|r| r)
         .map_err(|e| load("init trapped", e))?;
@@ -293,9 +319,15 @@ async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Expo
             Exit::Trapped(message) => {
                 sup.logger.log(
                     tracing::Level::ERROR,
-                    &format!("generation {} trapped, starting a new instance: {message}", sup.generation),
+                    &format!(
+                        "generation {} trapped, starting a new instance: {message}",
+                        sup.generation
+                    ),
                 );
-                *sup.shared.last_trap.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+                *sup.shared
+                    .last_trap
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(message);
             }
         }
         drop(store);
@@ -304,14 +336,24 @@ async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Expo
                 return;
             }
             sup.generation += 1;
-            match instantiate(&sup.component, &sup.config, sup.generation, Some(sup.logger)).await {
+            match instantiate(
+                &sup.component,
+                &sup.config,
+                sup.generation,
+                Some(sup.logger),
+            )
+            .await
+            {
                 Ok((new_store, new_exports, _)) => {
                     store = new_store;
                     exports = new_exports;
                     break;
                 }
                 Err(e) => {
-                    sup.logger.log(tracing::Level::ERROR, &format!("cannot start a new instance: {e}"));
+                    sup.logger.log(
+                        tracing::Level::ERROR,
+                        &format!("cannot start a new instance: {e}"),
+                    );
                     tokio::time::sleep(RESTART_BACKOFF).await;
                 }
             }
@@ -322,7 +364,12 @@ async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Expo
 
 /// The Store-owner loop: run jobs concurrently inside one `run_concurrent` until the adapter is
 /// closed or the instance traps.
-async fn serve(store: &mut Store<Ctx>, exports: &Exports, rx: &mut mpsc::Receiver<Job>, closing: &CancellationToken) -> Exit {
+async fn serve(
+    store: &mut Store<Ctx>,
+    exports: &Exports,
+    rx: &mut mpsc::Receiver<Job>,
+    closing: &CancellationToken,
+) -> Exit {
     let outcome = store
         .run_concurrent(async |accessor| -> wasmtime::Result<Exit> {
             let mut inflight = FuturesUnordered::new();

@@ -36,7 +36,9 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("cache", &self.cache).finish()
+        f.debug_struct("Runtime")
+            .field("cache", &self.cache)
+            .finish()
     }
 }
 
@@ -75,20 +77,31 @@ impl Runtime {
     }
 
     /// Load the component in `path`, granting it the drivers in `drivers` and nothing else.
-    pub fn load_file(&self, path: impl AsRef<Path>, drivers: &DriverConnections) -> Result<AdapterComponent> {
+    pub fn load_file(
+        &self,
+        path: impl AsRef<Path>,
+        drivers: &DriverConnections,
+    ) -> Result<AdapterComponent> {
         let path = path.as_ref();
-        let wasm = std::fs::read(path).map_err(|e| Error::Load(format!("reading {}: {e}", path.display())))?;
+        let wasm = std::fs::read(path)
+            .map_err(|e| Error::Load(format!("reading {}: {e}", path.display())))?;
         self.load_bytes(&path.display().to_string(), &wasm, drivers)
     }
 
     /// Load a component from bytes; `source` names it in errors.
-    pub fn load_bytes(&self, source: &str, wasm: &[u8], drivers: &DriverConnections) -> Result<AdapterComponent> {
+    pub fn load_bytes(
+        &self,
+        source: &str,
+        wasm: &[u8],
+        drivers: &DriverConnections,
+    ) -> Result<AdapterComponent> {
         let started = Instant::now();
         let (component, origin) = self
             .cache
             .load(&self.engine, wasm)
             .map_err(|e| Error::Load(format!("{source}: {e:#}")))?;
-        let imports = check_imports(&self.engine, &component, drivers).map_err(|e| Error::Load(format!("{source}: {e}")))?;
+        let imports = check_imports(&self.engine, &component, drivers)
+            .map_err(|e| Error::Load(format!("{source}: {e}")))?;
         let mut linker: Linker<Ctx> = Linker::new(&self.engine);
         let link = |linker: &mut Linker<Ctx>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
@@ -99,7 +112,8 @@ impl Runtime {
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| Error::Load(format!("{source}: {e:#}")))?;
-        let indices = ExportIndices::new(&pre).map_err(|e| Error::Load(format!("{source}: {e}")))?;
+        let indices =
+            ExportIndices::new(&pre).map_err(|e| Error::Load(format!("{source}: {e}")))?;
         Ok(AdapterComponent {
             source: source.to_string(),
             size: wasm.len() as u64,
@@ -130,7 +144,11 @@ fn spawn_epoch_ticker(engine: &Engine) {
 }
 
 /// Refuse any import the host does not link, or a driver the operator did not configure.
-fn check_imports(engine: &Engine, component: &Component, drivers: &DriverConnections) -> std::result::Result<Vec<String>, String> {
+fn check_imports(
+    engine: &Engine,
+    component: &Component,
+    drivers: &DriverConnections,
+) -> std::result::Result<Vec<String>, String> {
     let mut names = Vec::new();
     for (name, _) in component.component_type().imports(engine) {
         let interface = name.split('@').next().unwrap_or(name);
@@ -140,7 +158,9 @@ fn check_imports(engine: &Engine, component: &Component, drivers: &DriverConnect
             || drivers.grants(interface);
         if !allowed {
             return Err(if DRIVER_INTERFACES.contains(&interface) {
-                format!("the component imports the driver `{name}`, which the operator did not configure for it")
+                format!(
+                    "the component imports the driver `{name}`, which the operator did not configure for it"
+                )
             } else {
                 format!("the component imports `{name}`, which this host does not provide")
             });
@@ -189,19 +209,24 @@ pub(crate) struct ExportIndices {
 }
 
 /// Look up `interface` if exported; an export that does not match the WIT is an error.
-fn optional<I>(pre: &InstancePre<Ctx>, interface: &str, new: impl Fn(&InstancePre<Ctx>) -> wasmtime::Result<I>) -> std::result::Result<Option<I>, String> {
+fn optional<I>(
+    pre: &InstancePre<Ctx>,
+    interface: &str,
+    new: impl Fn(&InstancePre<Ctx>) -> wasmtime::Result<I>,
+) -> std::result::Result<Option<I>, String> {
     if pre.component().get_export_index(None, interface).is_none() {
         return Ok(None);
     }
-    new(pre)
-        .map(Some)
-        .map_err(|e| format!("the component exports `{interface}` but it does not match the WIT: {e:#}"))
+    new(pre).map(Some).map_err(|e| {
+        format!("the component exports `{interface}` but it does not match the WIT: {e:#}")
+    })
 }
 
 impl ExportIndices {
     fn new(pre: &InstancePre<Ctx>) -> std::result::Result<Self, String> {
-        let adapter = optional(pre, ADAPTER, adapter::GuestIndices::new)?
-            .ok_or_else(|| format!("the component does not export `{ADAPTER}`: it is not a wrpc-broker adapter"))?;
+        let adapter = optional(pre, ADAPTER, adapter::GuestIndices::new)?.ok_or_else(|| {
+            format!("the component does not export `{ADAPTER}`: it is not a wrpc-broker adapter")
+        })?;
         Ok(Self {
             adapter,
             backplane: optional(pre, BACKPLANE, backplane::GuestIndices::new)?,
@@ -221,13 +246,33 @@ impl ExportIndices {
     }
 
     /// Resolve the exports of one instance.
-    pub(crate) fn load(&self, store: &mut wasmtime::Store<Ctx>, instance: &wasmtime::component::Instance) -> wasmtime::Result<Exports> {
+    pub(crate) fn load(
+        &self,
+        store: &mut wasmtime::Store<Ctx>,
+        instance: &wasmtime::component::Instance,
+    ) -> wasmtime::Result<Exports> {
         Ok(Exports {
             adapter: self.adapter.load(&mut *store, instance)?,
-            backplane: self.backplane.as_ref().map(|i| i.load(&mut *store, instance)).transpose()?,
-            log: self.log.as_ref().map(|i| i.load(&mut *store, instance)).transpose()?,
-            queue: self.queue.as_ref().map(|i| i.load(&mut *store, instance)).transpose()?,
-            direct: self.direct.as_ref().map(|i| i.load(&mut *store, instance)).transpose()?,
+            backplane: self
+                .backplane
+                .as_ref()
+                .map(|i| i.load(&mut *store, instance))
+                .transpose()?,
+            log: self
+                .log
+                .as_ref()
+                .map(|i| i.load(&mut *store, instance))
+                .transpose()?,
+            queue: self
+                .queue
+                .as_ref()
+                .map(|i| i.load(&mut *store, instance))
+                .transpose()?,
+            direct: self
+                .direct
+                .as_ref()
+                .map(|i| i.load(&mut *store, instance))
+                .transpose()?,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! instance, streams across the boundary, and the `host` import.
 
 pub mod cache;
+mod calls;
 mod host_impl;
 pub mod instance;
 pub mod loader;

@@ -65,8 +65,14 @@ impl Ctx {
         limits: &Limits,
     ) -> Self {
         let wasi = WasiCtx::builder()
-            .stdout(TracingOutput { logger, level: tracing::Level::INFO })
-            .stderr(TracingOutput { logger, level: tracing::Level::WARN })
+            .stdout(TracingOutput {
+                logger,
+                level: tracing::Level::INFO,
+            })
+            .stderr(TracingOutput {
+                logger,
+                level: tracing::Level::WARN,
+            })
             .allow_blocking_current_thread(false)
             .build();
         Self {
@@ -137,7 +143,11 @@ impl LineWriter {
 }
 
 impl AsyncWrite for LineWriter {
-    fn poll_write(mut self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         for &b in buf {
             if b == b'\n' {
                 self.emit();

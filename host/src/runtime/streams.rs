@@ -8,7 +8,9 @@ use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 use wasmtime::StoreContextMut;
-use wasmtime::component::{Destination, Source, StreamConsumer, StreamProducer, StreamResult, VecBuffer};
+use wasmtime::component::{
+    Destination, Source, StreamConsumer, StreamProducer, StreamResult, VecBuffer,
+};
 
 /// The most items moved in one batch.
 pub const MAX_BATCH: usize = 1024;
@@ -26,7 +28,12 @@ impl<T: Send + 'static> Forward<T> {
     /// A forwarder and the receiver of its batches.
     pub fn channel() -> (Self, mpsc::Receiver<Vec<T>>) {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-        (Self { tx: PollSender::new(tx) }, rx)
+        (
+            Self {
+                tx: PollSender::new(tx),
+            },
+            rx,
+        )
     }
 }
 
@@ -98,7 +105,10 @@ where
         mut dst: Destination<'a, Self::Item, Self::Buffer>,
         finish: bool,
     ) -> Poll<wasmtime::Result<StreamResult>> {
-        let room = dst.remaining(&mut store).unwrap_or(MAX_BATCH).min(MAX_BATCH);
+        let room = dst
+            .remaining(&mut store)
+            .unwrap_or(MAX_BATCH)
+            .min(MAX_BATCH);
         if room == 0 {
             // A readiness probe: claim readiness rather than buffering items nobody may read.
             return Poll::Ready(Ok(StreamResult::Completed));

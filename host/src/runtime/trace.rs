@@ -21,11 +21,19 @@ impl Callsite for DynamicCallsite {
     fn set_interest(&self, _interest: Interest) {}
 
     fn metadata(&self) -> &Metadata<'_> {
-        self.metadata.get().expect("call site initialised before use")
+        self.metadata
+            .get()
+            .expect("call site initialised before use")
     }
 }
 
-const LEVELS: [Level; 5] = [Level::TRACE, Level::DEBUG, Level::INFO, Level::WARN, Level::ERROR];
+const LEVELS: [Level; 5] = [
+    Level::TRACE,
+    Level::DEBUG,
+    Level::INFO,
+    Level::WARN,
+    Level::ERROR,
+];
 
 fn level_index(level: Level) -> usize {
     LEVELS.iter().position(|l| *l == level).unwrap_or(2)

@@ -52,15 +52,29 @@ fn results(r: Vec<Result<(), store::StoreError>>) -> Vec<Result<(), wit::StoreEr
 }
 
 fn info(i: store::LogInfo) -> wit::LogInfo {
-    wit::LogInfo { epoch: i.epoch, first: i.first, next: i.next }
+    wit::LogInfo {
+        epoch: i.epoch,
+        first: i.first,
+        next: i.next,
+    }
 }
 
 fn entry(e: store::LogEntry) -> wit::LogEntry {
-    wit::LogEntry { offset: e.offset, value: e.value, headers: e.headers, key: e.key }
+    wit::LogEntry {
+        offset: e.offset,
+        value: e.value,
+        headers: e.headers,
+        key: e.key,
+    }
 }
 
 fn packet_out(p: store::Packet) -> wit::Packet {
-    wit::Packet { body: p.body, headers: p.headers, correlation_id: p.correlation_id, reply_to: p.reply_to }
+    wit::Packet {
+        body: p.body,
+        headers: p.headers,
+        correlation_id: p.correlation_id,
+        reply_to: p.reply_to,
+    }
 }
 
 impl PollBatch for LogFollower {
@@ -85,7 +99,12 @@ impl PollBatch for InboxListener {
 }
 
 impl wit::Host for Ctx {
-    fn log_open(&mut self, topic: String, epoch: String, max_entries: u32) -> wasmtime::Result<wit::LogInfo> {
+    fn log_open(
+        &mut self,
+        topic: String,
+        epoch: String,
+        max_entries: u32,
+    ) -> wasmtime::Result<wit::LogInfo> {
         Ok(info(self.memory()?.log_open(&topic, &epoch, max_entries)))
     }
 
@@ -98,9 +117,15 @@ impl wit::Host for Ctx {
     ) -> wasmtime::Result<(wit::LogInfo, u64)> {
         let batch = batch
             .into_iter()
-            .map(|r| store::LogRecord { value: r.value, headers: r.headers, key: r.key })
+            .map(|r| store::LogRecord {
+                value: r.value,
+                headers: r.headers,
+                key: r.key,
+            })
             .collect();
-        let (i, first) = self.memory()?.log_append(&topic, &epoch, max_entries, batch);
+        let (i, first) = self
+            .memory()?
+            .log_append(&topic, &epoch, max_entries, batch);
         Ok((info(i), first))
     }
 
@@ -117,15 +142,27 @@ impl wit::Host for Ctx {
             .map_err(error))
     }
 
-    fn queue_push(&mut self, queue: String, batch: Vec<wit::Queued>) -> wasmtime::Result<Result<(), wit::StoreError>> {
+    fn queue_push(
+        &mut self,
+        queue: String,
+        batch: Vec<wit::Queued>,
+    ) -> wasmtime::Result<Result<(), wit::StoreError>> {
         let batch = batch
             .into_iter()
-            .map(|q| store::Queued { body: q.body, headers: q.headers, delay_ms: q.delay_ms })
+            .map(|q| store::Queued {
+                body: q.body,
+                headers: q.headers,
+                delay_ms: q.delay_ms,
+            })
             .collect();
         Ok(self.memory()?.queue_push(&queue, batch).map_err(error))
     }
 
-    fn queue_ack(&mut self, queue: String, receipts: Vec<u64>) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
+    fn queue_ack(
+        &mut self,
+        queue: String,
+        receipts: Vec<u64>,
+    ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
         Ok(results(self.memory()?.queue_ack(&queue, &receipts)))
     }
 
@@ -135,7 +172,9 @@ impl wit::Host for Ctx {
         receipts: Vec<u64>,
         delay_ms: u32,
     ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
-        Ok(results(self.memory()?.queue_nack(&queue, &receipts, delay_ms)))
+        Ok(results(
+            self.memory()?.queue_nack(&queue, &receipts, delay_ms),
+        ))
     }
 
     fn queue_extend(
@@ -144,10 +183,18 @@ impl wit::Host for Ctx {
         receipts: Vec<u64>,
         visibility_ms: u32,
     ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
-        Ok(results(self.memory()?.queue_extend(&queue, &receipts, visibility_ms)))
+        Ok(results(self.memory()?.queue_extend(
+            &queue,
+            &receipts,
+            visibility_ms,
+        )))
     }
 
-    fn channel_publish(&mut self, channel: String, payloads: Vec<Vec<u8>>) -> wasmtime::Result<u32> {
+    fn channel_publish(
+        &mut self,
+        channel: String,
+        payloads: Vec<Vec<u8>>,
+    ) -> wasmtime::Result<u32> {
         Ok(self.memory()?.channel_publish(&channel, payloads))
     }
 }
@@ -159,7 +206,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         offset: u64,
     ) -> wasmtime::Result<StreamReader<wit::LogEntry>> {
         let follower = memory_of(accessor)?.log_follow(&topic, offset);
-        accessor.with(|mut access| StreamReader::new(&mut access, BatchProducer::new(follower, entry)))
+        accessor
+            .with(|mut access| StreamReader::new(&mut access, BatchProducer::new(follower, entry)))
     }
 
     async fn queue_receive(
@@ -170,17 +218,28 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         wait_ms: u32,
     ) -> wasmtime::Result<Vec<wit::Received>> {
         let store = memory_of(accessor)?;
-        let got = store.queue_receive(&queue, max, visibility_ms, wait_ms).await;
+        let got = store
+            .queue_receive(&queue, max, visibility_ms, wait_ms)
+            .await;
         accessor.with(|mut access| access.get().progress());
         Ok(got
             .into_iter()
-            .map(|r| wit::Received { receipt: r.receipt, body: r.body, headers: r.headers })
+            .map(|r| wit::Received {
+                receipt: r.receipt,
+                body: r.body,
+                headers: r.headers,
+            })
             .collect())
     }
 
-    async fn channel_subscribe(accessor: &Accessor<T, Self>, channel: String) -> wasmtime::Result<StreamReader<Vec<u8>>> {
+    async fn channel_subscribe(
+        accessor: &Accessor<T, Self>,
+        channel: String,
+    ) -> wasmtime::Result<StreamReader<Vec<u8>>> {
         let subscription = memory_of(accessor)?.channel_subscribe(&channel);
-        accessor.with(|mut access| StreamReader::new(&mut access, BatchProducer::new(subscription, |p| p)))
+        accessor.with(|mut access| {
+            StreamReader::new(&mut access, BatchProducer::new(subscription, |p| p))
+        })
     }
 
     async fn inbox_send(
@@ -207,6 +266,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         group: Option<String>,
     ) -> wasmtime::Result<StreamReader<wit::Packet>> {
         let listener = memory_of(accessor)?.inbox_listen(&address, group);
-        accessor.with(|mut access| StreamReader::new(&mut access, BatchProducer::new(listener, packet_out)))
+        accessor.with(|mut access| {
+            StreamReader::new(&mut access, BatchProducer::new(listener, packet_out))
+        })
     }
 }

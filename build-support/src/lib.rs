@@ -1,0 +1,117 @@
+//! Builds adapter components (cdylib crates of this workspace) for `wasm32-wasip2` from a build
+//! script, so `cargo build` / `cargo test` at the root need no manual step.
+//!
+//! The nested `cargo build` uses its own target dir (`<target>/wasm-components`): sharing the
+//! outer one would deadlock on its lock.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The wasm target every component is built for.
+pub const TARGET: &str = "wasm32-wasip2";
+/// The cargo profile components are built with (see the workspace `Cargo.toml`).
+pub const PROFILE: &str = "component";
+
+/// One component to build: a workspace package with a set of features, saved under `name`.
+pub struct Build<'a> {
+    /// The cargo package, e.g. `wrpc-adapter-memory`.
+    pub package: &'a str,
+    /// Cargo features to enable (e.g. a mutant).
+    pub features: &'a [&'a str],
+    /// The file name (without `.wasm`) the component is saved as.
+    pub name: &'a str,
+}
+
+/// The workspace root: the parent of the calling crate's manifest dir.
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|dir| dir.join("Cargo.toml").exists() && dir.join("wit").is_dir())
+        .expect("the workspace root (a dir with Cargo.toml and wit/)")
+        .to_path_buf()
+}
+
+/// The outer target dir: the first ancestor of `OUT_DIR` holding `CACHEDIR.TAG`.
+fn outer_target_dir() -> PathBuf {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    out.ancestors()
+        .find(|dir| dir.join("CACHEDIR.TAG").exists())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| out.join("target"))
+}
+
+/// Tell cargo to rerun the build script when any component source changes.
+pub fn rerun_if_sources_change() {
+    let root = workspace_root();
+    for dir in [
+        "wit",
+        "guest-sdk",
+        "adapters",
+        "tests/components",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+}
+
+/// Build each component and return the paths of the `.wasm` files, in order.
+pub fn build_all(builds: &[Build<'_>]) -> Vec<PathBuf> {
+    let root = workspace_root();
+    let target_dir = outer_target_dir().join("wasm-components");
+    let out_dir = target_dir.join("out");
+    std::fs::create_dir_all(&out_dir).expect("creating the component output dir");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    builds
+        .iter()
+        .map(|build| {
+            let mut cmd = Command::new(&cargo);
+            cmd.current_dir(&root)
+                .args([
+                    "build",
+                    "--quiet",
+                    "--target",
+                    TARGET,
+                    "--profile",
+                    PROFILE,
+                    "-p",
+                    build.package,
+                ])
+                .arg("--target-dir")
+                .arg(&target_dir);
+            if !build.features.is_empty() {
+                cmd.arg("--features").arg(build.features.join(","));
+            }
+            // The outer build's settings are for the host, not for wasm.
+            for var in [
+                "CARGO_TARGET_DIR",
+                "CARGO_BUILD_TARGET",
+                "RUSTFLAGS",
+                "CARGO_ENCODED_RUSTFLAGS",
+                "CARGO_BUILD_RUSTFLAGS",
+                "RUSTC_WORKSPACE_WRAPPER",
+            ] {
+                cmd.env_remove(var);
+            }
+            let output = cmd.output().expect("running cargo for a component");
+            if !output.status.success() {
+                panic!(
+                    "building component {} ({}) failed:\n{}",
+                    build.name,
+                    build.package,
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            let artifact = target_dir
+                .join(TARGET)
+                .join(PROFILE)
+                .join(format!("{}.wasm", build.package.replace('-', "_")));
+            let dest = out_dir.join(format!("{}.wasm", build.name));
+            std::fs::copy(&artifact, &dest).unwrap_or_else(|e| {
+                panic!("copying {} to {}: {e}", artifact.display(), dest.display())
+            });
+            dest
+        })
+        .collect()
+}

@@ -1,0 +1,251 @@
+//! The backplane capability: at-most-once fan-out across every host instance on one broker.
+//!
+//! One broker subscription per channel per host instance, shared by every local subscriber and
+//! dropped with the last one; publishes to one channel are coalesced into batches. If the
+//! adapter's subscription ends (a trap, a cut connection) it is re-established; what was
+//! published meanwhile is lost, as at-most-once allows.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{AdapterSlot, Inner};
+use crate::error::{Error, Result};
+
+/// Payloads buffered per channel for local subscribers before a slow one loses the oldest.
+const FANOUT_BUFFER: usize = 4096;
+/// Payloads carried by one `publish` call at most.
+const MAX_PUBLISH_BATCH: usize = 256;
+/// Pause before re-subscribing a channel whose broker subscription ended.
+const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
+
+type PublishRequest = (Vec<u8>, oneshot::Sender<Result<()>>);
+
+/// Per-broker backplane machinery: publish batchers and the shared channel subscriptions.
+pub(crate) struct Channels {
+    slot: Arc<AdapterSlot>,
+    publishers: Mutex<HashMap<String, mpsc::Sender<PublishRequest>>>,
+    fanouts: tokio::sync::Mutex<HashMap<String, Arc<Fanout>>>,
+}
+
+impl Channels {
+    pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
+        Self {
+            slot,
+            publishers: Mutex::new(HashMap::new()),
+            fanouts: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn publisher(&self, channel: &str) -> mpsc::Sender<PublishRequest> {
+        let mut publishers = self.publishers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = publishers.get(channel).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(4 * MAX_PUBLISH_BATCH);
+        tokio::spawn(run_publisher(self.slot.clone(), channel.to_string(), rx));
+        publishers.insert(channel.to_string(), tx.clone());
+        tx
+    }
+}
+
+/// One batcher per channel: every publish waiting goes out in one adapter call, in order.
+async fn run_publisher(
+    slot: Arc<AdapterSlot>,
+    channel: String,
+    mut rx: mpsc::Receiver<PublishRequest>,
+) {
+    let mut waiting = Vec::with_capacity(MAX_PUBLISH_BATCH);
+    while rx.recv_many(&mut waiting, MAX_PUBLISH_BATCH).await > 0 {
+        let (payloads, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
+        let result = slot
+            .current()
+            .backplane_publish(channel.clone(), payloads)
+            .await;
+        for reply in replies {
+            let _ = reply.send(result.clone());
+        }
+    }
+}
+
+/// The shared broker subscription of one channel in this host instance.
+struct Fanout {
+    tx: broadcast::Sender<Bytes>,
+    subscribers: Mutex<usize>,
+    stop: CancellationToken,
+}
+
+impl Fanout {
+    async fn start(slot: Arc<AdapterSlot>, channel: String) -> Result<Arc<Self>> {
+        let rx = slot.current().backplane_subscribe(channel.clone()).await?;
+        let fanout = Arc::new(Fanout {
+            tx: broadcast::channel(FANOUT_BUFFER).0,
+            subscribers: Mutex::new(0),
+            stop: CancellationToken::new(),
+        });
+        tokio::spawn(fanout.clone().pump(slot, channel, rx));
+        Ok(fanout)
+    }
+
+    /// Move payloads from the adapter to local subscribers until the last one leaves.
+    async fn pump(
+        self: Arc<Self>,
+        slot: Arc<AdapterSlot>,
+        channel: String,
+        mut rx: mpsc::Receiver<Vec<Vec<u8>>>,
+    ) {
+        loop {
+            let batch = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                batch = rx.recv() => batch,
+            };
+            match batch {
+                Some(payloads) => {
+                    for payload in payloads {
+                        let _ = self.tx.send(Bytes::from(payload));
+                    }
+                }
+                None => loop {
+                    if self.stop.is_cancelled() {
+                        return;
+                    }
+                    match slot.current().backplane_subscribe(channel.clone()).await {
+                        Ok(new_rx) => {
+                            rx = new_rx;
+                            break;
+                        }
+                        Err(Error::Closed(_)) => return,
+                        Err(e) => {
+                            tracing::debug!(channel, "re-subscribing: {e}");
+                            tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Add a local subscriber, unless the fanout already stopped.
+    fn join(self: &Arc<Self>) -> Option<Subscription> {
+        let mut subscribers = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stop.is_cancelled() {
+            return None;
+        }
+        *subscribers += 1;
+        Some(Subscription {
+            payloads: BroadcastStream::new(self.tx.subscribe()),
+            fanout: self.clone(),
+        })
+    }
+}
+
+/// The backplane capability of one broker.
+#[derive(Clone)]
+pub struct Backplane {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Backplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backplane").finish_non_exhaustive()
+    }
+}
+
+impl Backplane {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Publish `payload` to `channel` (a literal name: no wildcards). Every subscriber that
+    /// exists when the broker takes it receives it, at most once. Concurrent publishes to one
+    /// channel are batched, in order.
+    pub async fn publish(&self, channel: &str, payload: impl Into<Vec<u8>>) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .channels
+            .publisher(channel)
+            .send((payload.into(), tx))
+            .await
+            .map_err(|_| Error::Closed("the backplane was closed".into()))?;
+        rx.await
+            .map_err(|_| Error::Closed("the backplane was closed".into()))?
+    }
+
+    /// Subscribe to `channel`. Returns once the broker confirmed the subscription: everything
+    /// published after this returns is delivered. Drop the [`Subscription`] to unsubscribe.
+    pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        let channels = &self.inner.channels;
+        let mut fanouts = channels.fanouts.lock().await;
+        if let Some(subscription) = fanouts.get(channel).and_then(|f| f.join()) {
+            return Ok(subscription);
+        }
+        let fanout = Fanout::start(channels.slot.clone(), channel.to_string()).await?;
+        fanouts.insert(channel.to_string(), fanout.clone());
+        fanout
+            .join()
+            .ok_or_else(|| Error::Closed("the backplane was closed".into()))
+    }
+}
+
+/// A local subscription to one channel: a [`Stream`] of payloads. Payloads a subscriber was too
+/// slow to take are skipped (at-most-once), with a warning.
+pub struct Subscription {
+    payloads: BroadcastStream<Bytes>,
+    fanout: Arc<Fanout>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The next payload; `None` once the backplane closed.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        futures::StreamExt::next(self).await
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            match Pin::new(&mut self.payloads).poll_next(cx) {
+                Poll::Ready(Some(Ok(payload))) => return Poll::Ready(Some(payload)),
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(skipped)))) => {
+                    tracing::warn!(
+                        skipped,
+                        "a backplane subscriber fell behind and lost payloads"
+                    );
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut subscribers = self
+            .fanout
+            .subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *subscribers -= 1;
+        if *subscribers == 0 {
+            self.fanout.stop.cancel();
+        }
+    }
+}

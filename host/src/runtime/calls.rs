@@ -1,0 +1,334 @@
+//! Typed calls into a running adapter, one per WIT export: each runs on the instance's
+//! Store-owner task, answers `unsupported` when the component lacks the capability, and turns
+//! returned streams into tokio channels of batches.
+
+use tokio::sync::mpsc;
+
+use super::instance::AdapterInstance;
+use super::streams::Forward;
+use wasmtime::component::TypedFunc;
+
+use crate::bindings::{direct, log, queue, types};
+use crate::error::{Error, Result};
+
+fn missing(capability: &str) -> Error {
+    Error::Unsupported(format!(
+        "the adapter does not export the `{capability}` capability"
+    ))
+}
+
+/// Raw calls: what an adapter exports, with no host machinery on top (the contract suite uses
+/// these to check an adapter's own contract; the public API builds on them).
+impl AdapterInstance {
+    /// `log.append`.
+    pub async fn log_append(
+        &self,
+        topic: String,
+        batch: Vec<log::RecordIn>,
+    ) -> Result<Vec<String>> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(log) = &exports.log else {
+                    return Ok(Err(missing("log")));
+                };
+                Ok(log
+                    .call_append(accessor, topic, batch)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `log.parse-id`.
+    pub async fn log_parse_id(&self, text: String) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(log) = &exports.log else {
+                    return Ok(Err(missing("log")));
+                };
+                // The generated `func_parse_id` borrows its `&str`, which `call_concurrent` cannot
+                // hold; an owned `String` lowers exactly like `&str` (WIT `string`).
+                // SAFETY: same WIT signature, `string` param as `String` instead of `&str`.
+                let parse_id = unsafe {
+                    TypedFunc::<(String,), (std::result::Result<(), types::Error>,)>::new_unchecked(
+                        *log.func_parse_id().func(),
+                    )
+                };
+                let (parsed,) = parse_id.call_concurrent(accessor, (text,)).await?;
+                Ok(parsed.map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `log.range`.
+    pub async fn log_range(
+        &self,
+        topic: String,
+        origin: types::Start,
+        limit: u32,
+    ) -> Result<log::Page> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(log) = &exports.log else {
+                    return Ok(Err(missing("log")));
+                };
+                Ok(log
+                    .call_range(accessor, topic, origin, limit)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `log.tail`: the reader's positions and a channel of entry batches.
+    pub async fn log_tail(
+        &self,
+        topic: String,
+        origin: types::Start,
+    ) -> Result<(Vec<types::Position>, mpsc::Receiver<Vec<log::Entry>>)> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(log) = &exports.log else {
+                    return Ok(Err(missing("log")));
+                };
+                match log.call_tail(accessor, topic, origin).await? {
+                    Err(e) => Ok(Err(e.into())),
+                    Ok((positions, reader)) => {
+                        let (forward, rx) = Forward::channel();
+                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+                        Ok(Ok((positions, rx)))
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    /// `backplane.publish`.
+    pub async fn backplane_publish(&self, channel: String, payloads: Vec<Vec<u8>>) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(backplane) = &exports.backplane else {
+                    return Ok(Err(missing("backplane")));
+                };
+                Ok(backplane
+                    .call_publish(accessor, channel, payloads)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `backplane.subscribe`: a channel of payload batches; drop it to unsubscribe.
+    pub async fn backplane_subscribe(
+        &self,
+        channel: String,
+    ) -> Result<mpsc::Receiver<Vec<Vec<u8>>>> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(backplane) = &exports.backplane else {
+                    return Ok(Err(missing("backplane")));
+                };
+                match backplane.call_subscribe(accessor, channel).await? {
+                    Err(e) => Ok(Err(e.into())),
+                    Ok(reader) => {
+                        let (forward, rx) = Forward::channel();
+                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+                        Ok(Ok(rx))
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    /// `queue.produce`.
+    pub async fn queue_produce(
+        &self,
+        queue_name: String,
+        batch: Vec<queue::Message>,
+    ) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                Ok(queue
+                    .call_produce(accessor, queue_name, batch)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `queue.consume`: the consumer id and a channel of delivery batches.
+    pub async fn queue_consume(
+        &self,
+        queue_name: String,
+        opts: queue::ConsumeOptions,
+    ) -> Result<(queue::ConsumerId, mpsc::Receiver<Vec<queue::Delivery>>)> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                match queue.call_consume(accessor, queue_name, opts).await? {
+                    Err(e) => Ok(Err(e.into())),
+                    Ok((id, reader)) => {
+                        let (forward, rx) = Forward::channel();
+                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+                        Ok(Ok((id, rx)))
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    /// `queue.settle`: one result per settlement, in order.
+    pub async fn queue_settle(
+        &self,
+        consumer: queue::ConsumerId,
+        batch: Vec<(types::Tag, queue::Settlement)>,
+    ) -> Result<Vec<Result<()>>> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                let results = queue.call_settle(accessor, consumer, batch).await?;
+                Ok(Ok(results
+                    .into_iter()
+                    .map(|r| r.map_err(Error::from))
+                    .collect()))
+            })
+        })
+        .await
+    }
+
+    /// `queue.healthy`.
+    pub async fn queue_healthy(&self, consumer: queue::ConsumerId) -> Result<Option<bool>> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                let (healthy,) = queue
+                    .func_healthy()
+                    .call_concurrent(accessor, (consumer,))
+                    .await?;
+                Ok(Ok(healthy))
+            })
+        })
+        .await
+    }
+
+    /// `queue.stop`.
+    pub async fn queue_stop(&self, consumer: queue::ConsumerId) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                queue.call_stop(accessor, consumer).await?;
+                Ok(Ok(()))
+            })
+        })
+        .await
+    }
+
+    /// `direct.inbox`.
+    pub async fn direct_inbox(&self) -> Result<String> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(direct) = &exports.direct else {
+                    return Ok(Err(missing("direct")));
+                };
+                let (inbox,) = direct.func_inbox().call_concurrent(accessor, ()).await?;
+                Ok(Ok(inbox))
+            })
+        })
+        .await
+    }
+
+    /// `direct.send`.
+    pub async fn direct_send(
+        &self,
+        address: String,
+        packet: direct::Packet,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(direct) = &exports.direct else {
+                    return Ok(Err(missing("direct")));
+                };
+                Ok(direct
+                    .call_send(accessor, address, packet, timeout_ms)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
+    /// `direct.listen`: the listener id and a channel of packet batches.
+    pub async fn direct_listen(
+        &self,
+        address: String,
+        group: Option<String>,
+    ) -> Result<(direct::ListenerId, mpsc::Receiver<Vec<direct::Packet>>)> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(direct) = &exports.direct else {
+                    return Ok(Err(missing("direct")));
+                };
+                match direct.call_listen(accessor, address, group).await? {
+                    Err(e) => Ok(Err(e.into())),
+                    Ok((id, reader)) => {
+                        let (forward, rx) = Forward::channel();
+                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+                        Ok(Ok((id, rx)))
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    /// `direct.healthy`.
+    pub async fn direct_healthy(&self, listener: direct::ListenerId) -> Result<Option<bool>> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(direct) = &exports.direct else {
+                    return Ok(Err(missing("direct")));
+                };
+                let (healthy,) = direct
+                    .func_healthy()
+                    .call_concurrent(accessor, (listener,))
+                    .await?;
+                Ok(Ok(healthy))
+            })
+        })
+        .await
+    }
+
+    /// `direct.stop`.
+    pub async fn direct_stop(&self, listener: direct::ListenerId) -> Result<()> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(direct) = &exports.direct else {
+                    return Ok(Err(missing("direct")));
+                };
+                direct.call_stop(accessor, listener).await?;
+                Ok(Ok(()))
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,28 @@
+//! Paths of the components this workspace builds for its tests (see `tests/build.rs`).
+
+/// The memory adapter.
+pub const MEMORY: &str = env!("WRPC_COMPONENT_MEMORY");
+/// The runtime probe exporting all four capabilities.
+pub const PROBE: &str = env!("WRPC_COMPONENT_PROBE");
+/// The runtime probe exporting only `log`.
+pub const PROBE_ONLY_LOG: &str = env!("WRPC_COMPONENT_PROBE_ONLY_LOG");
+/// The runtime probe importing an interface no host provides.
+pub const PROBE_FORBIDDEN_IMPORT: &str = env!("WRPC_COMPONENT_PROBE_FORBIDDEN_IMPORT");
+
+/// Memory adapters that each break one contract on purpose: (name, path).
+pub const MUTANTS: &[(&str, &str)] = &[
+    ("skip-entry", env!("WRPC_COMPONENT_MUTANT_SKIP_ENTRY")),
+    (
+        "duplicate-entry",
+        env!("WRPC_COMPONENT_MUTANT_DUPLICATE_ENTRY"),
+    ),
+    ("reorder", env!("WRPC_COMPONENT_MUTANT_REORDER")),
+    (
+        "pattern-channel",
+        env!("WRPC_COMPONENT_MUTANT_PATTERN_CHANNEL"),
+    ),
+    (
+        "replay-backplane",
+        env!("WRPC_COMPONENT_MUTANT_REPLAY_BACKPLANE"),
+    ),
+];
