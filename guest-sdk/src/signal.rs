@@ -103,3 +103,34 @@ impl Notify {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+
+    /// Poll once; true when ready.
+    fn ready(f: Pin<&mut impl Future<Output = ()>>) -> bool {
+        f.poll(&mut Context::from_waker(Waker::noop())).is_ready()
+    }
+
+    #[test]
+    fn latch_releases_every_waiter_once_set() {
+        let latch = Latch::new();
+        let mut before = Box::pin(latch.wait());
+        assert!(!ready(before.as_mut()));
+        latch.set();
+        assert!(latch.is_set() && ready(before.as_mut()));
+        assert!(ready(Box::pin(latch.wait()).as_mut()));
+    }
+
+    #[test]
+    fn notified_sees_only_later_notifications() {
+        let notify = Notify::new();
+        notify.notify();
+        let mut waiting = Box::pin(notify.notified());
+        assert!(!ready(waiting.as_mut()));
+        notify.notify();
+        assert!(ready(waiting.as_mut()));
+    }
+}

@@ -458,11 +458,13 @@ impl ReaderTask {
     }
 
     async fn deliver(&mut self, entry: wit::Entry) -> std::result::Result<(), Stop> {
-        if let Some(next) = self.cursor.expects(&entry.pos) {
-            if entry.pos.offset > next {
-                tracing::warn!(topic = %self.topic, expected = next, got = entry.pos.offset,
-                    "the adapter skipped offsets that no page returned");
-            }
+        if let Some(next) = self
+            .cursor
+            .expects(&entry.pos)
+            .filter(|next| entry.pos.offset > *next)
+        {
+            tracing::warn!(topic = %self.topic, expected = next, got = entry.pos.offset,
+                "the adapter skipped offsets that no page returned");
         }
         self.cursor.advance(&entry);
         self.out

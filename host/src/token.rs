@@ -171,7 +171,8 @@ mod tests {
             let e = encode_token(&name, SAFE, "~", 64).unwrap();
             prop_assert_eq!(e.len(), 64);
             let digest = hex::encode(Sha256::digest(name.as_bytes()));
-            prop_assert!(e.ends_with(&format!("~~{}", &digest[..32])));
+            let tail = format!("~~{}", &digest[..32]);
+            prop_assert!(e.ends_with(&tail));
         }
 
         #[test]

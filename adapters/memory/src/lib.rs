@@ -57,8 +57,9 @@ struct Config {
     prefix: String,
     /// Retention of the logs this adapter creates.
     max_entries: u32,
-    /// Epoch stamped on the logs this adapter creates.
-    epoch: String,
+    /// Epoch stamped on every log this adapter creates; `None`: a fresh id per log, so an id
+    /// minted by one log is foreign (410) to every other.
+    epoch: Option<String>,
     /// The lease a queue consumer takes, in milliseconds.
     visibility_ms: u32,
 }
@@ -73,7 +74,7 @@ impl Config {
                 .string("prefix")
                 .unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
             max_entries: options.parse("retention.maxEntries", DEFAULT_MAX_ENTRIES)?,
-            epoch: options.string("epoch").unwrap_or_else(host::generate_id),
+            epoch: options.string("epoch"),
             visibility_ms: options.parse("queue.visibilityMs", DEFAULT_VISIBILITY_MS)?,
         };
         options.finish()?;
@@ -85,10 +86,9 @@ impl Config {
                 "option `retention.maxEntries` must be at least 1",
             ));
         }
-        if !log::is_epoch(&config.epoch) {
+        if let Some(epoch) = config.epoch.as_ref().filter(|e| !log::is_epoch(e)) {
             return Err(Error::bad_request(format!(
-                "option `epoch`: `{}` is not [A-Za-z0-9_-]+",
-                config.epoch
+                "option `epoch`: `{epoch}` is not [A-Za-z0-9_-]+"
             )));
         }
         if config.visibility_ms == 0 {
@@ -97,6 +97,11 @@ impl Config {
             ));
         }
         Ok(config)
+    }
+
+    /// The epoch for a log created now (used by the store only if the log does not exist).
+    pub(crate) fn new_log_epoch(&self) -> String {
+        self.epoch.clone().unwrap_or_else(host::generate_id)
     }
 
     /// The store name of `name` in namespace `kind` (`log`, `queue`, `chan`); empty is a bad
@@ -133,7 +138,9 @@ fn store_error(e: StoreError) -> Error {
 
 /// Copy the store stream `from` into the returned stream `to`, a batch (up to [`BATCH`] items)
 /// at a time through `convert`, until either end is dropped or `stop` resolves. Dropping
-/// `from` on the way out unregisters the reader in the store.
+/// `from` on the way out unregisters the reader in the store. A dropped `to` shows only at the
+/// next write (the component model has no other signal), so an idle pump lingers until an item
+/// arrives or `stop` fires.
 async fn pump<T: 'static, U: 'static>(
     mut from: StreamReader<T>,
     mut to: StreamWriter<U>,
@@ -181,7 +188,7 @@ impl Guest for Component {
                 option(
                     "epoch",
                     String::new(),
-                    "Stamped into the ids of the logs this adapter creates (default: a fresh id at init).",
+                    "Stamped into the ids of every log this adapter creates (default: a fresh random id per log).",
                 ),
                 option(
                     "prefix",

@@ -49,7 +49,7 @@ fn entry(epoch: &str, e: LogEntry) -> Entry {
 /// Open (or create) the log of `topic`.
 fn open(config: &Config, topic: &str) -> Result<(String, LogInfo), Error> {
     let name = config.name("log", topic)?;
-    let info = store::log_open(&name, &config.epoch, config.max_entries);
+    let info = store::log_open(&name, &config.new_log_epoch(), config.max_entries);
     Ok((name, info))
 }
 
@@ -128,7 +128,8 @@ impl Guest for Component {
             })
             .collect();
         let count = records.len() as u64;
-        let (info, first) = store::log_append(&name, &config.epoch, config.max_entries, &records);
+        let (info, first) =
+            store::log_append(&name, &config.new_log_epoch(), config.max_entries, &records);
         Ok((first..first + count).map(|o| id(&info.epoch, o)).collect())
     }
 

@@ -31,6 +31,7 @@ const REFUSED_BACKOFF_MS: [u32; 3] = [10, 20, 40];
 struct Held {
     /// The store lease.
     receipt: u64,
+    /// The body, kept for a retry or dead-letter copy.
     body: Vec<u8>,
     /// The stored headers, `x-wrpc-attempt` included.
     headers: Headers,
@@ -53,10 +54,13 @@ struct Consumer {
     queue: String,
     /// The store queue dead letters go to.
     dlq: String,
+    /// The most unsettled deliveries at once.
     prefetch: u32,
+    /// The lease taken on each delivery, in milliseconds.
     visibility_ms: u32,
     /// The instance generation its tags carry.
     generation: u32,
+    /// What it holds now.
     ledger: RefCell<Ledger>,
     /// Set by `stop` (or when the host drops the delivery stream): take nothing more.
     stop: Latch,
@@ -184,9 +188,10 @@ impl Consumer {
             if let Either::Right(_) = select(tick, pin!(self.stop.wait())).await {
                 return;
             }
-            let receipts: Vec<u64> = (self.ledger.borrow().unsettled.values())
-                .map(|h| h.receipt)
-                .collect();
+            let receipts: Vec<u64> = {
+                let ledger = self.ledger.borrow();
+                ledger.unsettled.values().map(|h| h.receipt).collect()
+            };
             if !receipts.is_empty() {
                 // A lease settled meanwhile answers bad-request; a refused renewal is tried
                 // again next tick, before the lease runs out.

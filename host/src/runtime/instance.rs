@@ -209,11 +209,18 @@ impl AdapterInstance {
     }
 }
 
-/// Start one instance: Store with limits and CPU slice, instantiate, `describe`, `init`.
-async fn instantiate(
+/// Instantiate `component` in a sandboxed Store and run `describe`, without `init`: what
+/// `wrpc-broker inspect` shows.
+pub async fn describe(component: &SharedComponent, config: &InstanceConfig) -> Result<AdapterInfo> {
+    let (_, _, info) = new_instance(component, config, None).await?;
+    Ok(info)
+}
+
+/// A fresh Store with limits and the CPU slice, instantiated, its exports resolved and
+/// `describe` called.
+async fn new_instance(
     component: &SharedComponent,
     config: &InstanceConfig,
-    generation: u32,
     logger: Option<TargetLogger>,
 ) -> Result<(Store<Ctx>, Exports, AdapterInfo)> {
     let load = |what: &str, e: wasmtime::Error| {
@@ -280,6 +287,17 @@ async fn instantiate(
         )));
     }
     store.data_mut().logger = TargetLogger::new(&format!("broker.{}", info.name));
+    Ok((store, exports, info))
+}
+
+/// Start one instance: [`new_instance`], then `init` with the generation and options.
+async fn instantiate(
+    component: &SharedComponent,
+    config: &InstanceConfig,
+    generation: u32,
+    logger: Option<TargetLogger>,
+) -> Result<(Store<Ctx>, Exports, AdapterInfo)> {
+    let (mut store, exports, info) = new_instance(component, config, logger).await?;
     let options = config.options.clone();
     let adapter = exports.adapter.clone();
     let init = store
@@ -288,7 +306,7 @@ async fn instantiate(
         })
         .await
         .and_then(|r| r)
-        .map_err(|e| load("init trapped", e))?;
+        .map_err(|e| Error::Load(format!("{}: init trapped: {e:#}", component.source)))?;
     init.map_err(|e| match Error::from(e) {
         Error::BadRequest(m) => Error::BadRequest(format!("adapter `{}` options: {m}", info.name)),
         other => other,

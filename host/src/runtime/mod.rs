@@ -11,6 +11,6 @@ pub mod streams;
 pub mod trace;
 
 pub use cache::{ComponentCache, Origin};
-pub use instance::{AdapterInfo, AdapterInstance, InstanceConfig};
+pub use instance::{AdapterInfo, AdapterInstance, InstanceConfig, describe};
 pub use loader::{AdapterComponent, Capabilities, Exports, Runtime};
 pub use sandbox::Limits;

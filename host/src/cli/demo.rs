@@ -1,0 +1,262 @@
+//! `wrpc-broker demo`: a short scenario on the embedded memory adapter, narrated step by step.
+//!
+//! Two host instances, A and B, share one in-process memory broker, like two processes on one
+//! real broker. Each capability is one part (`log_part`, `backplane_part`, …) that narrates what
+//! happens, checks it, and returns a phrase for the closing summary. Every wait is bounded by
+//! [`WAIT`]; anything that does not arrive fails the demo with a message saying what.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use wrpc_broker::log::Headers;
+use wrpc_broker::{AppendOptions, Broker, Entry, Log, MemoryStore, ReadFrom, Reader, Subscription};
+
+/// The longest the demo waits for anything.
+const WAIT: Duration = Duration::from_secs(5);
+/// How long a subscriber that should get nothing is watched.
+const QUIET: Duration = Duration::from_millis(300);
+
+pub async fn run(broker_url: &str) -> anyhow::Result<()> {
+    check_broker_url(broker_url)?;
+    let store = MemoryStore::new();
+    let a = within(
+        "instance A to open",
+        Broker::builder().memory_store(store.clone()).open(),
+    )
+    .await??;
+    let b = within(
+        "instance B to open",
+        Broker::builder().memory_store(store).open(),
+    )
+    .await??;
+    println!(
+        "Two host instances, A and B, each run their own `{}` adapter instance on one in-process memory broker.",
+        a.info().name
+    );
+
+    let summary = [log_part(&a, &b).await?, backplane_part(&a, &b).await?];
+
+    a.close();
+    b.close();
+    println!();
+    println!("Summary. {}.", summary.join("; "));
+    Ok(())
+}
+
+/// Only `memory` (with or without `://…`) is supported for now.
+fn check_broker_url(url: &str) -> anyhow::Result<()> {
+    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+    if scheme != "memory" {
+        bail!("broker URL scheme `{scheme}` is not supported yet (memory)");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log
+
+const TOPIC: &str = "orders";
+/// (customer, item, quantity) of orders 1..=7.
+const ORDERS: [(&str, &str, u32); 7] = [
+    ("c-17", "coffee beans", 2),
+    ("c-42", "grinder", 1),
+    ("c-17", "filters", 100),
+    ("c-08", "kettle", 1),
+    ("c-42", "mugs", 4),
+    ("c-08", "scale", 1),
+    ("c-17", "coffee beans", 3),
+];
+
+/// The value of order `n` (1-based).
+fn order(n: usize) -> String {
+    let (customer, item, qty) = ORDERS[n - 1];
+    format!(r#"{{"order":{n},"customer":"{customer}","item":"{item}","qty":{qty}}}"#)
+}
+
+async fn log_part(a: &Broker, b: &Broker) -> anyhow::Result<String> {
+    heading("Log: the `orders` feed");
+    let (log_a, log_b) = (a.log()?, b.log()?);
+
+    println!("Instance A appends five orders (key = customer id, content-type application/json):");
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        ids.push(append_order(&log_a, n).await?);
+    }
+
+    println!("Reader 1 on instance B reads `orders` from the earliest entry:");
+    let mut reader1 = within("reader 1 to start", log_b.read(TOPIC, ReadFrom::Earliest)).await??;
+    let mut seen_on_b = Vec::new();
+    for n in 1..=5 {
+        seen_on_b.push(expect_order(&mut reader1, "reader 1 (B)", n).await?);
+    }
+
+    let resume_id = &seen_on_b[1].id;
+    println!(
+        "Reader 2 on instance A resumes after order 2, with the id reader 1 got for it on instance B (`{resume_id}`):"
+    );
+    let after = ReadFrom::After(resume_id.clone());
+    let mut reader2 = within("reader 2 to start", log_a.read(TOPIC, after)).await??;
+    for n in 3..=5 {
+        expect_order(&mut reader2, "reader 2 (A)", n).await?;
+    }
+    println!("  -> reader 2 resumed with orders 3, 4 and 5, nothing before.");
+
+    println!("Instance A appends two more orders; both live readers get each one as it arrives:");
+    for n in 6..=7 {
+        append_order(&log_a, n).await?;
+        expect_order(&mut reader1, "reader 1 (B)", n).await?;
+        expect_order(&mut reader2, "reader 2 (A)", n).await?;
+    }
+
+    println!("Bad ids are refused before any entry is read:");
+    let malformed = ReadFrom::After("not-an-id".into());
+    let result = within("the malformed id's answer", log_a.read(TOPIC, malformed)).await?;
+    expect_refused(result, 400, "the malformed id \"not-an-id\"")?;
+    let other_id = append_to_other_log(&log_a).await?;
+    let foreign = ReadFrom::After(other_id.clone());
+    let result = within("the foreign id's answer", log_a.read(TOPIC, foreign)).await?;
+    expect_refused(result, 410, &format!("the id `{other_id}` of another log"))?;
+
+    Ok(
+        "log: 7 orders appended on A and read live on both instances, one reader resuming \
+        from an id, a malformed id refused (400) and a foreign one gone (410)"
+            .into(),
+    )
+}
+
+/// Append order `n` on `log`; returns its id.
+async fn append_order(log: &Log, n: usize) -> anyhow::Result<String> {
+    let (customer, ..) = ORDERS[n - 1];
+    let headers: Headers = vec![("content-type".into(), b"application/json".to_vec())];
+    let options = AppendOptions {
+        headers,
+        key: Some(customer.as_bytes().to_vec()),
+    };
+    let id = within("an append", log.append(TOPIC, order(n), options)).await??;
+    println!("  A appended order {n} for customer {customer}: id {id}");
+    Ok(id)
+}
+
+/// The id of a first entry in a log other than `orders`, which `orders` must not accept.
+async fn append_to_other_log(log: &Log) -> anyhow::Result<String> {
+    let topic = "shipments";
+    let id = within(
+        "an append",
+        log.append(topic, r#"{"shipment":1}"#, AppendOptions::default()),
+    )
+    .await??;
+    println!("  (A appended to another log, `{topic}`: id {id})");
+    Ok(id)
+}
+
+/// The next entry of `reader` must be order `n`.
+async fn expect_order(reader: &mut Reader, who: &str, n: usize) -> anyhow::Result<Entry> {
+    let entry = within(&format!("order {n} at {who}"), reader.next_entry())
+        .await?
+        .ok_or_else(|| anyhow!("{who}'s read ended before order {n}"))?
+        .with_context(|| format!("{who}'s read failed before order {n}"))?;
+    let value = String::from_utf8_lossy(&entry.value);
+    if value != order(n) || entry.position.offset != n as u64 - 1 {
+        bail!(
+            "{who} expected order {n} but got offset {}: {value}",
+            entry.position.offset
+        );
+    }
+    println!(
+        "  {who} got offset {}, id {}: {value}",
+        entry.position.offset, entry.id
+    );
+    Ok(entry)
+}
+
+/// A read that must have been refused with `status`.
+fn expect_refused(
+    result: wrpc_broker::Result<Reader>,
+    status: u16,
+    what: &str,
+) -> anyhow::Result<()> {
+    match result {
+        Err(e) if e.status() == status => {
+            println!("  Reading after {what} is refused with {status}: {e}");
+            Ok(())
+        }
+        Err(e) => bail!("reading after {what} should fail with {status}, but failed with: {e}"),
+        Ok(_) => bail!("reading after {what} should fail with {status}, but it was accepted"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backplane
+
+const ROOM: &str = "room:lobby";
+
+async fn backplane_part(a: &Broker, b: &Broker) -> anyhow::Result<String> {
+    heading("Backplane: the room `room:lobby`");
+    let (bp_a, bp_b) = (a.backplane()?, b.backplane()?);
+
+    let mut subscribers = Vec::new();
+    for (name, instance, backplane) in [
+        ("alice", "A", &bp_a),
+        ("bob", "A", &bp_a),
+        ("carol", "B", &bp_b),
+    ] {
+        let subscription = within("a subscription", backplane.subscribe(ROOM)).await??;
+        println!("  {name} subscribes to `{ROOM}` on instance {instance}");
+        subscribers.push((name, instance, subscription));
+    }
+    let mut wildcard = within("a subscription", bp_a.subscribe("room:*")).await??;
+    println!("  dave subscribes to the literal channel `room:*` on instance A");
+
+    let message = "hello from B";
+    within("a publish", bp_b.publish(ROOM, message)).await??;
+    println!("Instance B publishes \"{message}\" to `{ROOM}`:");
+    for (name, instance, subscription) in &mut subscribers {
+        let got = receive(subscription, &format!("{name}'s delivery")).await?;
+        println!("  {name} (on {instance}) got \"{got}\"");
+        if got != message {
+            bail!("{name} expected \"{message}\" but got \"{got}\"");
+        }
+    }
+
+    if let Ok(got) = tokio::time::timeout(QUIET, wildcard.recv()).await {
+        let got = got.map(|p| String::from_utf8_lossy(&p).into_owned());
+        bail!("dave's subscription to `room:*` should have stayed silent, but got {got:?}");
+    }
+    println!(
+        "  dave (on A, subscribed to `room:*`) got nothing: channel names are never patterns."
+    );
+    let literal = "for the literal room:*";
+    within("a publish", bp_b.publish("room:*", literal)).await??;
+    let got = receive(&mut wildcard, "dave's delivery").await?;
+    println!("  A publish to `room:*` itself does reach dave: \"{got}\"");
+
+    Ok(
+        "backplane: one publish from B reached 3 subscribers on 2 instances, and `room:*` \
+        stayed a literal name"
+            .into(),
+    )
+}
+
+/// The next payload of `subscription`, as text.
+async fn receive(subscription: &mut Subscription, what: &str) -> anyhow::Result<String> {
+    let payload = within(what, subscription.recv())
+        .await?
+        .ok_or_else(|| anyhow!("the subscription closed before {what}"))?;
+    Ok(String::from_utf8_lossy(&payload).into_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn heading(title: &str) {
+    println!();
+    println!("== {title} ==");
+}
+
+/// `future`, or an error naming `what` after [`WAIT`].
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(WAIT, future)
+        .await
+        .map_err(|_| anyhow!("gave up after {WAIT:?} waiting for {what}"))
+}

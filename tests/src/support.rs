@@ -1,0 +1,47 @@
+//! Small helpers the contract tests share: bounded waits, unique names, readable assertions.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use futures::{Stream, StreamExt};
+
+/// How long a test waits for something that should arrive.
+pub const ARRIVAL: Duration = Duration::from_secs(10);
+/// How long a test listens to conclude that nothing arrives.
+pub const SILENCE: Duration = Duration::from_millis(300);
+
+/// A name no other test (or earlier run on a real broker) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The next item of `stream`, or an error saying what did not arrive.
+pub async fn next<S: Stream + Unpin>(stream: &mut S, what: &str) -> anyhow::Result<S::Item> {
+    tokio::time::timeout(ARRIVAL, stream.next())
+        .await
+        .with_context(|| format!("{what}: nothing arrived within {ARRIVAL:?}"))?
+        .with_context(|| format!("{what}: the stream ended"))
+}
+
+/// Fail if `stream` yields anything within [`SILENCE`].
+pub async fn silence<S: Stream + Unpin>(stream: &mut S, what: &str) -> anyhow::Result<()>
+where
+    S::Item: std::fmt::Debug,
+{
+    match tokio::time::timeout(SILENCE, stream.next()).await {
+        Err(_) => Ok(()),
+        Ok(None) => bail!("{what}: the stream ended"),
+        Ok(Some(item)) => bail!("{what}: expected nothing, got {item:?}"),
+    }
+}
+
+/// `ensure!` for equality, with both sides in the message.
+#[macro_export]
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr, $($what:tt)+) => {{
+        let (left, right) = (&$left, &$right);
+        if left != right {
+            anyhow::bail!("{}: expected {:?}, got {:?}", format!($($what)+), right, left);
+        }
+    }};
+}
