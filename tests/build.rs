@@ -1,63 +1,47 @@
-//! Builds every component the tests load from a file: the adapters, their mutants and the
-//! runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`.
+//! Builds every component the tests load from a file: the adapters, the mutant memory adapters
+//! and the runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`, and the
+//! mutants are listed in `$OUT_DIR/mutants.rs` (name, path).
+
+use std::fmt::Write as _;
 
 use wrpc_build_support::{Build, build_all, rerun_if_sources_change};
 
-const BUILDS: &[Build<'static>] = &[
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &[],
-        name: "memory",
-    },
-    Build {
-        package: "wrpc-test-probe",
-        features: &[],
-        name: "probe",
-    },
-    Build {
-        package: "wrpc-test-probe",
-        features: &["only-log"],
-        name: "probe_only_log",
-    },
-    Build {
-        package: "wrpc-test-probe",
-        features: &["forbidden-import"],
-        name: "probe_forbidden_import",
-    },
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &["mutant-skip-entry"],
-        name: "mutant_skip_entry",
-    },
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &["mutant-duplicate-entry"],
-        name: "mutant_duplicate_entry",
-    },
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &["mutant-reorder"],
-        name: "mutant_reorder",
-    },
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &["mutant-pattern-channel"],
-        name: "mutant_pattern_channel",
-    },
-    Build {
-        package: "wrpc-adapter-memory",
-        features: &["mutant-replay-backplane"],
-        name: "mutant_replay_backplane",
-    },
+/// Memory adapters that each break one contract on purpose (feature `mutant-<name>`).
+const MUTANTS: &[&str] = &[
+    "skip-entry",
+    "duplicate-entry",
+    "reorder",
+    "pattern-channel",
+    "replay-backplane",
+    "deliver-twice",
+    "ignore-group",
+    "lose-retry",
+    "second-settlement-wins",
 ];
 
 fn main() {
     rerun_if_sources_change();
-    for (build, path) in BUILDS.iter().zip(build_all(BUILDS)) {
-        println!(
-            "cargo:rustc-env=WRPC_COMPONENT_{}={}",
-            build.name.to_uppercase(),
-            path.display()
-        );
+    let features: Vec<[String; 1]> = MUTANTS.iter().map(|m| [format!("mutant-{m}")]).collect();
+    let names: Vec<String> = MUTANTS.iter().map(|m| format!("mutant_{}", m.replace('-', "_"))).collect();
+    let feature_refs: Vec<[&str; 1]> = features.iter().map(|[f]| [f.as_str()]).collect();
+    let mut builds = vec![
+        Build { package: "wrpc-adapter-memory", features: &[], name: "memory" },
+        Build { package: "wrpc-test-probe", features: &[], name: "probe" },
+        Build { package: "wrpc-test-probe", features: &["only-log"], name: "probe_only_log" },
+        Build { package: "wrpc-test-probe", features: &["forbidden-import"], name: "probe_forbidden_import" },
+    ];
+    for (features, name) in feature_refs.iter().zip(&names) {
+        builds.push(Build { package: "wrpc-adapter-memory", features, name });
     }
+    let paths = build_all(&builds);
+    for (build, path) in builds.iter().zip(&paths) {
+        println!("cargo:rustc-env=WRPC_COMPONENT_{}={}", build.name.to_uppercase(), path.display());
+    }
+    let mut list = String::from("&[\n");
+    for (mutant, path) in MUTANTS.iter().zip(&paths[builds.len() - MUTANTS.len()..]) {
+        writeln!(list, "    ({mutant:?}, {:?}),", path.display().to_string()).unwrap();
+    }
+    list.push(']');
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("mutants.rs");
+    std::fs::write(out, list).expect("writing mutants.rs");
 }

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::backplane::{Backplane, Channels};
+use crate::direct::{Direct, Inboxes};
 use crate::drivers::DriverConnections;
 use crate::drivers::memory::MemoryStore;
 use crate::error::{Error, Result};
 use crate::ids::{self, IdGenerator, RandomIds};
 use crate::log::{Log, Logs};
+use crate::queue::{Queue, Queues};
 use crate::runtime::{
     AdapterComponent, AdapterInfo, AdapterInstance, Capabilities, InstanceConfig, Limits, Runtime,
 };
@@ -114,6 +116,8 @@ impl BrokerBuilder {
             inner: Arc::new(Inner {
                 logs: Logs::new(slot.clone()),
                 channels: Channels::new(slot.clone()),
+                queues: Queues::new(slot.clone()),
+                inboxes: Inboxes::new(slot.clone()),
                 slot,
                 component,
             }),
@@ -147,6 +151,8 @@ pub(crate) struct Inner {
     pub(crate) slot: Arc<AdapterSlot>,
     pub(crate) logs: Logs,
     pub(crate) channels: Channels,
+    pub(crate) queues: Queues,
+    pub(crate) inboxes: Inboxes,
     component: Arc<AdapterComponent>,
 }
 
@@ -245,6 +251,18 @@ impl Broker {
     pub fn backplane(&self) -> Result<Backplane> {
         self.require(self.capabilities().backplane, "backplane")?;
         Ok(Backplane::new(self.inner.clone()))
+    }
+
+    /// The queue capability: at-least-once work with retry and dead-lettering.
+    pub fn queue(&self) -> Result<Queue> {
+        self.require(self.capabilities().queue, "queue")?;
+        Ok(Queue::new(self.inner.clone()))
+    }
+
+    /// The direct capability: addressable inboxes and request/reply.
+    pub fn direct(&self) -> Result<Direct> {
+        self.require(self.capabilities().direct, "direct")?;
+        Ok(Direct::new(self.inner.clone()))
     }
 
     /// Close the adapter: handles stop working, streams end.

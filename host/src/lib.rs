@@ -15,10 +15,14 @@ pub mod token;
 pub use error::{Error, Result};
 pub mod backplane;
 pub mod broker;
+pub mod direct;
 pub mod log;
+pub mod queue;
 
 pub use backplane::{Backplane, Subscription};
 pub use broker::{Broker, BrokerBuilder};
+pub use direct::{Direct, Incoming, ListenOptions, Listener, Packet, SendOptions};
 pub use drivers::memory::MemoryStore;
 pub use log::{AppendOptions, Entry, Log, Position, ReadFrom, Reader};
+pub use queue::{ConsumeOptions, Consumer, Delivery, ProduceOptions, Queue, Settled};
 pub use runtime::{Capabilities, Limits};

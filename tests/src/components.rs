@@ -10,19 +10,4 @@ pub const PROBE_ONLY_LOG: &str = env!("WRPC_COMPONENT_PROBE_ONLY_LOG");
 pub const PROBE_FORBIDDEN_IMPORT: &str = env!("WRPC_COMPONENT_PROBE_FORBIDDEN_IMPORT");
 
 /// Memory adapters that each break one contract on purpose: (name, path).
-pub const MUTANTS: &[(&str, &str)] = &[
-    ("skip-entry", env!("WRPC_COMPONENT_MUTANT_SKIP_ENTRY")),
-    (
-        "duplicate-entry",
-        env!("WRPC_COMPONENT_MUTANT_DUPLICATE_ENTRY"),
-    ),
-    ("reorder", env!("WRPC_COMPONENT_MUTANT_REORDER")),
-    (
-        "pattern-channel",
-        env!("WRPC_COMPONENT_MUTANT_PATTERN_CHANNEL"),
-    ),
-    (
-        "replay-backplane",
-        env!("WRPC_COMPONENT_MUTANT_REPLAY_BACKPLANE"),
-    ),
-];
+pub const MUTANTS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/mutants.rs"));

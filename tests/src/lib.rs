@@ -5,7 +5,9 @@
 
 pub mod backplane;
 pub mod components;
+pub mod direct;
 pub mod log;
+pub mod queue;
 pub mod support;
 
 use std::future::Future;
@@ -26,7 +28,11 @@ type OpenFn = dyn Fn(Vec<(String, String)>) -> BoxFuture<anyhow::Result<Broker>>
 #[derive(Clone)]
 pub struct Factory {
     open: Arc<OpenFn>,
+    refuse_settlements: Option<Arc<RefuseFn>>,
 }
+
+/// Makes the broker refuse the next `count` settlements on a queue (a fault-injecting driver).
+type RefuseFn = dyn Fn(&str, u32) + Send + Sync;
 
 impl Factory {
     /// A factory from a function of the extra `init` options a test asks for.
@@ -37,6 +43,26 @@ impl Factory {
     {
         Self {
             open: Arc::new(move |options| Box::pin(open(options))),
+            refuse_settlements: None,
+        }
+    }
+
+    /// Let tests make the broker refuse settlements: `refuse(queue, count)` refuses the next
+    /// `count` settlements on the queue of that name.
+    pub fn with_settlement_refusals(mut self, refuse: impl Fn(&str, u32) + Send + Sync + 'static) -> Self {
+        self.refuse_settlements = Some(Arc::new(refuse));
+        self
+    }
+
+    /// Refuse the next `count` settlements on `queue`; `false` when this broker has no fault
+    /// injection.
+    pub fn refuse_settlements(&self, queue: &str, count: u32) -> bool {
+        match &self.refuse_settlements {
+            Some(refuse) => {
+                refuse(queue, count);
+                true
+            }
+            None => false,
         }
     }
 
@@ -64,6 +90,10 @@ pub enum Capability {
     Backplane,
     /// Ordered, replayable feeds.
     Log,
+    /// At-least-once work queues.
+    Queue,
+    /// Addressable inboxes.
+    Direct,
 }
 
 impl Capability {
@@ -72,6 +102,8 @@ impl Capability {
         match self {
             Capability::Backplane => "backplane",
             Capability::Log => "log",
+            Capability::Queue => "queue",
+            Capability::Direct => "direct",
         }
     }
 
@@ -79,6 +111,8 @@ impl Capability {
         match self {
             Capability::Backplane => capabilities.backplane,
             Capability::Log => capabilities.log,
+            Capability::Queue => capabilities.queue,
+            Capability::Direct => capabilities.direct,
         }
     }
 }
@@ -98,6 +132,8 @@ pub struct Test {
 pub fn all() -> Vec<Test> {
     let mut tests = log::tests();
     tests.extend(backplane::tests());
+    tests.extend(queue::tests());
+    tests.extend(direct::tests());
     tests
 }
 

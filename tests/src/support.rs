@@ -45,3 +45,33 @@ macro_rules! ensure_eq {
         }
     }};
 }
+
+/// A tokio channel receiver, bounded or not.
+pub trait Receive {
+    /// What it yields.
+    type Item;
+    /// The next item; `None` once every sender is gone.
+    fn receive(&mut self) -> impl std::future::Future<Output = Option<Self::Item>> + Send;
+}
+
+impl<T: Send> Receive for tokio::sync::mpsc::Receiver<T> {
+    type Item = T;
+    fn receive(&mut self) -> impl std::future::Future<Output = Option<T>> + Send {
+        self.recv()
+    }
+}
+
+impl<T: Send> Receive for tokio::sync::mpsc::UnboundedReceiver<T> {
+    type Item = T;
+    fn receive(&mut self) -> impl std::future::Future<Output = Option<T>> + Send {
+        self.recv()
+    }
+}
+
+/// The next item of a channel, or an error saying what did not arrive.
+pub async fn recv<R: Receive>(rx: &mut R, what: &str) -> anyhow::Result<R::Item> {
+    tokio::time::timeout(ARRIVAL, rx.receive())
+        .await
+        .with_context(|| format!("{what}: nothing arrived within {ARRIVAL:?}"))?
+        .with_context(|| format!("{what}: the channel closed"))
+}

@@ -1,12 +1,15 @@
 //! The contract suite against the memory adapter component loaded from its `.wasm` file, and
 //! against every mutant memory adapter, on which the suite must fail.
 
+use wrpc_broker::drivers::memory::Fault;
 use wrpc_broker::{Broker, MemoryStore};
 use wrpc_broker_contract::{Factory, RunOptions, Verdict, any_failed, components, report, run};
 
-/// Host instances of the component at `path`, all on one fresh memory broker.
+/// Host instances of the component at `path`, all on one fresh memory broker, whose store can
+/// be told to refuse settlements.
 fn memory_factory(path: &'static str) -> Factory {
     let store = MemoryStore::new();
+    let faults = store.clone();
     Factory::new(move |options| {
         let store = store.clone();
         async move {
@@ -17,6 +20,9 @@ fn memory_factory(path: &'static str) -> Factory {
                 .open()
                 .await?)
         }
+    })
+    .with_settlement_refusals(move |queue, count| {
+        faults.inject(Fault::RefuseSettlements { queue: format!("wrpc/queue/{queue}"), count })
     })
 }
 
@@ -36,6 +42,22 @@ fn only(filter: &str) -> RunOptions<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_contract_on_memory() {
     let outcomes = suite(components::MEMORY, only("log/")).await;
+    println!("{}", report(&outcomes));
+    assert!(!outcomes.is_empty());
+    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_contract_on_memory() {
+    let outcomes = suite(components::MEMORY, only("queue/")).await;
+    println!("{}", report(&outcomes));
+    assert!(!outcomes.is_empty());
+    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_contract_on_memory() {
+    let outcomes = suite(components::MEMORY, only("direct/")).await;
     println!("{}", report(&outcomes));
     assert!(!outcomes.is_empty());
     assert!(!any_failed(&outcomes), "{}", report(&outcomes));
@@ -99,4 +121,8 @@ mutants!(
     the_suite_catches_reordered_entries => "reorder",
     the_suite_catches_a_pattern_channel => "pattern-channel",
     the_suite_catches_a_replayed_backplane_payload => "replay-backplane",
+    the_suite_catches_a_packet_delivered_twice => "deliver-twice",
+    the_suite_catches_an_ignored_group => "ignore-group",
+    the_suite_catches_a_lost_retry => "lose-retry",
+    the_suite_catches_a_second_settlement_winning => "second-settlement-wins",
 );

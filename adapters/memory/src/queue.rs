@@ -28,6 +28,7 @@ const RECEIVE_WAIT_MS: u32 = 250;
 const REFUSED_BACKOFF_MS: [u32; 3] = [10, 20, 40];
 
 /// A delivery the consumer holds and nobody has settled yet.
+#[derive(Clone)]
 struct Held {
     /// The store lease.
     receipt: u64,
@@ -256,7 +257,12 @@ impl Consumer {
         }
         let held = {
             let mut ledger = self.ledger.borrow_mut();
-            let held = ledger.unsettled.remove(&tag.seq).ok_or_else(|| {
+            // The mutant keeps the delivery, so a second settlement of one tag applies too.
+            #[cfg(not(feature = "mutant-second-settlement-wins"))]
+            let held = ledger.unsettled.remove(&tag.seq);
+            #[cfg(feature = "mutant-second-settlement-wins")]
+            let held = ledger.unsettled.get(&tag.seq).cloned();
+            let held = held.ok_or_else(|| {
                 Error::stale(format!(
                     "delivery {} was already settled or handed back",
                     tag.seq

@@ -1,0 +1,514 @@
+//! The queue capability: at-least-once work queues with competing consumers, retry and
+//! dead-lettering.
+//!
+//! Produces to one queue are coalesced into batches. A [`Consumer`] runs the handler on up to
+//! `prefetch` deliveries at once; each [`Delivery`] settles once (the first settlement wins,
+//! enforced here), and settlements reach the adapter in batches with their generation-stamped
+//! tags. A handler that fails has settled nothing: the delivery is retried after a backoff
+//! (50 ms doubling to 1 s), attempt + 1. If the adapter's delivery stream ends (a trap replaced
+//! the instance) the consumer starts again on the new instance; what was unsettled comes back
+//! by the broker's redelivery.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bindings::{queue as wit, types};
+use crate::broker::{AdapterSlot, Inner};
+use crate::error::{Error, Result};
+use crate::log::Headers;
+use crate::runtime::trace::TargetLogger;
+
+/// Messages carried by one `produce` call at most.
+const MAX_PRODUCE_BATCH: usize = 256;
+/// Settlements carried by one `settle` call at most.
+const MAX_SETTLE_BATCH: usize = 256;
+/// The first backoff after a handler failed; it doubles per attempt.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest backoff after a handler failed.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Pause before consuming again after the adapter's delivery stream ended.
+const RECONSUME_PAUSE: Duration = Duration::from_millis(50);
+
+/// Headers of a produced message.
+#[derive(Debug, Clone, Default)]
+pub struct ProduceOptions {
+    /// Headers delivered with the message.
+    pub headers: Headers,
+}
+
+/// How a consumer takes deliveries.
+#[derive(Debug, Clone)]
+pub struct ConsumeOptions {
+    /// At most this many unsettled deliveries at once, handled concurrently (at least 1).
+    pub prefetch: u32,
+    /// Where dead-lettered messages go; the adapter's default (`<queue>.dead`) when `None`.
+    pub dead_letter: Option<String>,
+}
+
+impl Default for ConsumeOptions {
+    fn default() -> Self {
+        Self { prefetch: 16, dead_letter: None }
+    }
+}
+
+/// What a settlement call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// This settlement was the first: it was applied.
+    Applied,
+    /// An earlier settlement of this delivery won; this one did nothing.
+    AlreadySettled {
+        /// The settlement that won: `ack`, `retry`, `release` or `dead-letter`.
+        first: &'static str,
+    },
+}
+
+/// The backoff before retrying a delivery whose handler failed on `attempt`.
+pub fn handler_backoff(attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(1).min(16);
+    (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
+}
+
+type ProduceRequest = (wit::Message, oneshot::Sender<Result<()>>);
+
+/// Per-broker queue machinery: the produce batchers.
+pub(crate) struct Queues {
+    slot: Arc<AdapterSlot>,
+    producers: Mutex<HashMap<String, mpsc::Sender<ProduceRequest>>>,
+}
+
+impl Queues {
+    pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
+        Self { slot, producers: Mutex::new(HashMap::new()) }
+    }
+
+    fn producer(&self, queue: &str) -> mpsc::Sender<ProduceRequest> {
+        let mut producers = self.producers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = producers.get(queue).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(4 * MAX_PRODUCE_BATCH);
+        tokio::spawn(run_producer(self.slot.clone(), queue.to_string(), rx));
+        producers.insert(queue.to_string(), tx.clone());
+        tx
+    }
+}
+
+/// One batcher per queue: every produce waiting goes out in one adapter call, in order.
+async fn run_producer(slot: Arc<AdapterSlot>, queue: String, mut rx: mpsc::Receiver<ProduceRequest>) {
+    let mut waiting = Vec::with_capacity(MAX_PRODUCE_BATCH);
+    while rx.recv_many(&mut waiting, MAX_PRODUCE_BATCH).await > 0 {
+        let (messages, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
+        let result = slot.current().queue_produce(queue.clone(), messages).await;
+        for reply in replies {
+            let _ = reply.send(result.clone());
+        }
+    }
+}
+
+/// A handler: gets each delivery, may settle it; `Ok` without a settlement acks it, `Err` (or a
+/// panic) retries it after a backoff.
+type Handler = dyn Fn(Delivery) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync;
+
+/// The queue capability of one broker.
+#[derive(Clone)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Put `body` on `queue`. Returns once the broker has it. Concurrent produces are batched.
+    pub async fn produce(&self, queue: &str, body: impl Into<Vec<u8>>, options: ProduceOptions) -> Result<()> {
+        let message = wit::Message { body: body.into(), headers: options.headers };
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .queues
+            .producer(queue)
+            .send((message, tx))
+            .await
+            .map_err(|_| Error::Closed("the queue was closed".into()))?;
+        rx.await.map_err(|_| Error::Closed("the queue was closed".into()))?
+    }
+
+    /// Put several messages on `queue`, in order, in one adapter call.
+    pub async fn produce_batch(&self, queue: &str, messages: Vec<(Vec<u8>, ProduceOptions)>) -> Result<()> {
+        let batch = messages
+            .into_iter()
+            .map(|(body, o)| wit::Message { body, headers: o.headers })
+            .collect();
+        self.inner.slot.current().queue_produce(queue.to_string(), batch).await
+    }
+
+    /// Consume `queue`: `handler` runs on each delivery, up to `prefetch` at once. Returns once
+    /// the adapter consumes; stop it with [`Consumer::stop`].
+    pub async fn consume<H, F>(&self, queue: &str, handler: H, options: ConsumeOptions) -> Result<Consumer>
+    where
+        H: Fn(Delivery) -> F + Send + Sync + 'static,
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        if options.prefetch == 0 {
+            return Err(Error::BadRequest("prefetch must be at least 1".into()));
+        }
+        let adapter = self.inner.slot.current();
+        let (settle_tx, settle_rx) = mpsc::channel(4 * MAX_SETTLE_BATCH);
+        let shared = Arc::new(ConsumerShared {
+            queue: queue.to_string(),
+            options: options.clone(),
+            slot: self.inner.slot.clone(),
+            handler: Arc::new(move |d| Box::pin(handler(d))),
+            healthy: AtomicBool::new(true),
+            current: Mutex::new(None),
+            stopping: CancellationToken::new(),
+            handlers: TaskTracker::new(),
+            slots: Arc::new(Semaphore::new(options.prefetch as usize)),
+            settle_tx,
+            settle_log: TargetLogger::new(&format!("broker.{}.settle", adapter.info().name)),
+        });
+        let session = shared.start_session().await?;
+        tokio::spawn(run_settler(shared.clone(), settle_rx));
+        let runner = tokio::spawn(shared.clone().run(session));
+        Ok(Consumer { shared, runner: Mutex::new(Some(runner)) })
+    }
+}
+
+/// One `consume` of the adapter: its consumer id, the generation it runs on, its deliveries.
+struct Session {
+    id: wit::ConsumerId,
+    generation: u32,
+    deliveries: mpsc::Receiver<Vec<wit::Delivery>>,
+}
+
+struct ConsumerShared {
+    queue: String,
+    options: ConsumeOptions,
+    slot: Arc<AdapterSlot>,
+    handler: Arc<Handler>,
+    /// False from a refused settlement until one lands again.
+    healthy: AtomicBool,
+    /// The live adapter consumer: (generation, id).
+    current: Mutex<Option<(u32, wit::ConsumerId)>>,
+    stopping: CancellationToken,
+    handlers: TaskTracker,
+    /// Bounds handlers in flight to `prefetch`, whatever the adapter delivers.
+    slots: Arc<Semaphore>,
+    settle_tx: mpsc::Sender<SettleRequest>,
+    settle_log: TargetLogger,
+}
+
+struct SettleRequest {
+    consumer: wit::ConsumerId,
+    tag: types::Tag,
+    settlement: wit::Settlement,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+impl ConsumerShared {
+    async fn start_session(&self) -> Result<Session> {
+        let adapter = self.slot.current();
+        let generation = adapter.generation();
+        let options = wit::ConsumeOptions { prefetch: self.options.prefetch, dead_letter: self.options.dead_letter.clone() };
+        let (id, deliveries) = adapter.queue_consume(self.queue.clone(), options).await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, id));
+        Ok(Session { id, generation, deliveries })
+    }
+
+    /// Hand deliveries to handlers until stopped; start a new session when the stream ends.
+    async fn run(self: Arc<Self>, mut session: Session) {
+        loop {
+            let ended = loop {
+                let batch = tokio::select! {
+                    biased;
+                    _ = self.stopping.cancelled() => break false,
+                    batch = session.deliveries.recv() => batch,
+                };
+                let Some(batch) = batch else { break true };
+                for delivery in batch {
+                    let Ok(permit) = self.slots.clone().acquire_owned().await else { return };
+                    let delivery = Delivery::new(self.clone(), session.id, delivery);
+                    let shared = self.clone();
+                    self.handlers.spawn(async move {
+                        shared.handle(delivery).await;
+                        drop(permit);
+                    });
+                }
+            };
+            if !ended {
+                break;
+            }
+            // The stream ended without a stop: the instance was replaced, or the adapter cut it.
+            *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            session = loop {
+                if self.stopping.is_cancelled() {
+                    return self.finish(None).await;
+                }
+                tokio::time::sleep(RECONSUME_PAUSE).await;
+                match self.start_session().await {
+                    Ok(session) => break session,
+                    Err(Error::Closed(_)) => return self.finish(None).await,
+                    Err(e) => tracing::warn!(queue = %self.queue, "consuming again: {e}"),
+                }
+            };
+        }
+        self.finish(Some(session)).await;
+    }
+
+    /// Wait for the handlers in flight, then stop the adapter consumer: what is unsettled goes
+    /// back to the broker for redelivery.
+    async fn finish(&self, session: Option<Session>) {
+        self.handlers.close();
+        self.handlers.wait().await;
+        if let Some(session) = session {
+            drop(session.deliveries);
+            let adapter = self.slot.current();
+            if adapter.generation() == session.generation {
+                if let Err(e) = adapter.queue_stop(session.id).await {
+                    tracing::debug!(queue = %self.queue, "stopping the adapter consumer: {e}");
+                }
+            }
+        }
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Run the handler on one delivery; settle it if the handler did not.
+    async fn handle(&self, delivery: Delivery) {
+        let state = delivery.state.clone();
+        let attempt = delivery.attempt;
+        let outcome = AssertUnwindSafe((self.handler)(delivery.clone())).catch_unwind().await;
+        if state.first.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        let result = match outcome {
+            Ok(Ok(())) => delivery.ack().await,
+            Ok(Err(e)) => {
+                let backoff = handler_backoff(attempt);
+                tracing::warn!(queue = %self.queue, attempt, ?backoff, "handler failed, retrying: {e:#}");
+                delivery.retry(backoff).await
+            }
+            Err(_) => {
+                let backoff = handler_backoff(attempt);
+                tracing::warn!(queue = %self.queue, attempt, ?backoff, "handler panicked, retrying");
+                delivery.retry(backoff).await
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(queue = %self.queue, "settling after the handler: {e}");
+        }
+    }
+
+    async fn settle(&self, consumer: wit::ConsumerId, tag: types::Tag, settlement: wit::Settlement) -> Result<()> {
+        let generation = self.slot.current().generation();
+        if tag.generation != generation {
+            return Err(Error::Stale(format!(
+                "the delivery came from adapter generation {}, the adapter is now generation {generation}; \
+                 the broker redelivers it",
+                tag.generation
+            )));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.settle_tx
+            .send(SettleRequest { consumer, tag, settlement, reply })
+            .await
+            .map_err(|_| Error::Closed("the consumer was stopped".into()))?;
+        let result = answer.await.map_err(|_| Error::Closed("the consumer was stopped".into()))?;
+        match &result {
+            Ok(()) => self.healthy.store(true, Ordering::Relaxed),
+            Err(Error::Refused(why)) => {
+                self.healthy.store(false, Ordering::Relaxed);
+                self.settle_log.log(
+                    tracing::Level::WARN,
+                    &format!("queue {}: settlement refused by the broker, message handed back: {why}", self.queue),
+                );
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Batches settlements into `settle` calls, per adapter consumer, in order.
+async fn run_settler(shared: Arc<ConsumerShared>, mut rx: mpsc::Receiver<SettleRequest>) {
+    let mut waiting = Vec::with_capacity(MAX_SETTLE_BATCH);
+    while rx.recv_many(&mut waiting, MAX_SETTLE_BATCH).await > 0 {
+        let mut by_consumer: Vec<(wit::ConsumerId, Vec<SettleRequest>)> = Vec::new();
+        for request in waiting.drain(..) {
+            match by_consumer.iter_mut().find(|(id, _)| *id == request.consumer) {
+                Some((_, requests)) => requests.push(request),
+                None => by_consumer.push((request.consumer, vec![request])),
+            }
+        }
+        for (consumer, requests) in by_consumer {
+            let (batch, replies): (Vec<_>, Vec<_>) = requests.into_iter().map(|r| ((r.tag, r.settlement), r.reply)).unzip();
+            let count = batch.len();
+            match shared.slot.current().queue_settle(consumer, batch).await {
+                Ok(results) if results.len() == count => {
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Ok(results) => {
+                    let e = Error::Internal(format!("the adapter answered {} results for {count} settlements", results.len()));
+                    replies.into_iter().for_each(|r| drop(r.send(Err(e.clone()))));
+                }
+                Err(e) => replies.into_iter().for_each(|r| drop(r.send(Err(e.clone())))),
+            }
+        }
+    }
+}
+
+/// Which settlement won, shared by the clones of one delivery.
+#[derive(Default)]
+struct DeliveryState {
+    first: Mutex<Option<&'static str>>,
+}
+
+/// One delivery of a message to a consumer. Settle it once: the first of [`Delivery::ack`],
+/// [`Delivery::retry`], [`Delivery::release`], [`Delivery::dead_letter`] wins; later ones do
+/// nothing and answer [`Settled::AlreadySettled`].
+#[derive(Clone)]
+pub struct Delivery {
+    /// The message body.
+    pub body: Vec<u8>,
+    /// The message headers.
+    pub headers: Headers,
+    /// 1 on the first delivery; + 1 per retry and per failed handler.
+    pub attempt: u32,
+    consumer: Arc<ConsumerShared>,
+    consumer_id: wit::ConsumerId,
+    tag: types::Tag,
+    state: Arc<DeliveryState>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("queue", &self.consumer.queue)
+            .field("attempt", &self.attempt)
+            .field("generation", &self.tag.generation)
+            .field("seq", &self.tag.seq)
+            .field("bytes", &self.body.len())
+            .finish()
+    }
+}
+
+impl Delivery {
+    fn new(consumer: Arc<ConsumerShared>, consumer_id: wit::ConsumerId, d: wit::Delivery) -> Self {
+        Self {
+            body: d.body,
+            headers: d.headers,
+            attempt: d.attempt,
+            consumer,
+            consumer_id,
+            tag: d.tag,
+            state: Arc::default(),
+        }
+    }
+
+    /// The queue it came from.
+    pub fn queue(&self) -> &str {
+        &self.consumer.queue
+    }
+
+    async fn settle(&self, kind: &'static str, settlement: wit::Settlement) -> Result<Settled> {
+        {
+            let mut first = self.state.first.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(first) = *first {
+                tracing::debug!(queue = %self.consumer.queue, first, ignored = kind, "delivery already settled");
+                return Ok(Settled::AlreadySettled { first });
+            }
+            *first = Some(kind);
+        }
+        self.consumer.settle(self.consumer_id, self.tag, settlement).await?;
+        Ok(Settled::Applied)
+    }
+
+    /// Done with the message.
+    pub async fn ack(&self) -> Result<Settled> {
+        self.settle("ack", wit::Settlement::Ack).await
+    }
+
+    /// Redeliver it after `delay`, attempt + 1.
+    pub async fn retry(&self, delay: Duration) -> Result<Settled> {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        self.settle("retry", wit::Settlement::Retry(ms)).await
+    }
+
+    /// Put it back on the queue now, attempt unchanged (hand work over).
+    pub async fn release(&self) -> Result<Settled> {
+        self.settle("release", wit::Settlement::Release).await
+    }
+
+    /// Move it to the dead-letter queue with `reason` (kept to one line of 512 characters).
+    pub async fn dead_letter(&self, reason: &str) -> Result<Settled> {
+        self.settle("dead-letter", wit::Settlement::DeadLetter(reason.to_string())).await
+    }
+}
+
+/// A running consumer. Dropping it stops it in the background; [`Consumer::stop`] waits.
+pub struct Consumer {
+    shared: Arc<ConsumerShared>,
+    runner: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer").field("queue", &self.shared.queue).finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// The queue it consumes.
+    pub fn queue(&self) -> &str {
+        &self.shared.queue
+    }
+
+    /// Take no new deliveries, wait for the handlers in flight, and stop the adapter consumer;
+    /// what is unsettled is redelivered later.
+    pub async fn stop(&self) {
+        self.shared.stopping.cancel();
+        let runner = self.runner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(runner) = runner {
+            let _ = runner.await;
+        }
+    }
+
+    /// False while settlements are refused or the adapter consumer is being re-established, or
+    /// when the adapter says the consumer lost its broker subscription.
+    pub async fn healthy(&self) -> bool {
+        if !self.shared.healthy.load(Ordering::Relaxed) {
+            return false;
+        }
+        let current = *self.shared.current.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((generation, id)) = current else { return false };
+        let adapter = self.shared.slot.current();
+        if adapter.generation() != generation {
+            return false;
+        }
+        adapter.queue_healthy(id).await.ok().flatten().unwrap_or(true)
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.shared.stopping.cancel();
+    }
+}
