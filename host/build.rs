@@ -1,14 +1,18 @@
-//! Builds the memory adapter component, which ships inside the host (`Broker::memory()`).
+//! Builds the adapter components that ship inside the host: memory always, Redis and NATS with
+//! their cargo features. Each path is exported as `WRPC_<NAME>_COMPONENT`.
+
+use wrpc_build_support::{Build, build_all, rerun_if_sources_change};
 
 fn main() {
-    wrpc_build_support::rerun_if_sources_change();
-    let built = wrpc_build_support::build_all(&[wrpc_build_support::Build {
-        package: "wrpc-adapter-memory",
-        features: &[],
-        name: "memory",
-    }]);
-    println!(
-        "cargo:rustc-env=WRPC_MEMORY_COMPONENT={}",
-        built[0].display()
-    );
+    rerun_if_sources_change();
+    let mut builds = vec![Build { package: "wrpc-adapter-memory", features: &[], name: "memory" }];
+    if std::env::var_os("CARGO_FEATURE_REDIS").is_some() {
+        builds.push(Build { package: "wrpc-adapter-redis", features: &[], name: "redis" });
+    }
+    if std::env::var_os("CARGO_FEATURE_NATS").is_some() {
+        builds.push(Build { package: "wrpc-adapter-nats", features: &[], name: "nats" });
+    }
+    for (build, path) in builds.iter().zip(build_all(&builds)) {
+        println!("cargo:rustc-env=WRPC_{}_COMPONENT={}", build.name.to_uppercase(), path.display());
+    }
 }

@@ -23,8 +23,27 @@ pub static MEMORY_COMPONENT: &[u8] = include_bytes!(env!("WRPC_MEMORY_COMPONENT"
 /// Where the adapter component comes from.
 #[derive(Debug, Clone)]
 enum ComponentSource {
-    EmbeddedMemory,
+    /// An adapter shipped inside the host binary.
+    Embedded { name: &'static str, bytes: &'static [u8] },
     File(PathBuf),
+}
+
+impl ComponentSource {
+    fn embedded_memory() -> Self {
+        ComponentSource::Embedded { name: "embedded memory adapter", bytes: MEMORY_COMPONENT }
+    }
+}
+
+/// The URL schemes [`BrokerBuilder::url`] understands in this build.
+pub fn supported_schemes() -> Vec<&'static str> {
+    let mut schemes = vec!["memory"];
+    if cfg!(feature = "redis") {
+        schemes.extend(["redis", "rediss"]);
+    }
+    if cfg!(feature = "nats") {
+        schemes.push("nats");
+    }
+    schemes
 }
 
 /// Configures and opens a [`Broker`].
@@ -34,6 +53,8 @@ pub struct BrokerBuilder {
     limits: Limits,
     ids: Arc<dyn IdGenerator>,
     memory: Option<Arc<MemoryStore>>,
+    redis_url: Option<String>,
+    nats_url: Option<String>,
     runtime: Option<Runtime>,
 }
 
@@ -79,28 +100,94 @@ impl BrokerBuilder {
         self
     }
 
+    /// Open the broker at `url` with the adapter embedded for it: `memory://` (a fresh in-process
+    /// store), `redis://host:port`, `nats://host:port`. A later [`Self::component_file`] replaces
+    /// the adapter and keeps the connection.
+    pub fn url(mut self, url: &str) -> Result<Self> {
+        let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+        match scheme {
+            "memory" => self.source = ComponentSource::embedded_memory(),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" => {
+                self.source = ComponentSource::Embedded {
+                    name: "embedded redis adapter",
+                    bytes: crate::drivers::redis::ADAPTER,
+                };
+                self.redis_url = Some(url.to_string());
+            }
+            #[cfg(feature = "nats")]
+            "nats" => {
+                self.source = ComponentSource::Embedded {
+                    name: "embedded nats adapter",
+                    bytes: crate::drivers::nats::ADAPTER,
+                };
+                self.nats_url = Some(url.to_string());
+            }
+            other => {
+                return Err(Error::BadRequest(format!(
+                    "broker URL scheme `{other}` is not supported by this build (supported: {})",
+                    supported_schemes().join(", ")
+                )));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Lend the adapter a Redis connection to `url` (`wrpc:redis/client`).
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.redis_url = Some(url.into());
+        self
+    }
+
+    /// Lend the adapter a NATS connection to `url` (`wrpc:nats/client`).
+    pub fn nats_url(mut self, url: impl Into<String>) -> Self {
+        self.nats_url = Some(url.into());
+        self
+    }
+
     /// Use this runtime (engine and component cache) instead of the process-wide one.
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = Some(runtime);
         self
     }
 
+    /// Connect the drivers the operator configured (the embedded memory adapter without a store
+    /// gets a fresh one).
+    async fn connect_drivers(&self) -> Result<DriverConnections> {
+        let memory = match (&self.source, &self.memory) {
+            (ComponentSource::Embedded { bytes, .. }, None) if std::ptr::eq(*bytes, MEMORY_COMPONENT) => {
+                Some(MemoryStore::new())
+            }
+            (_, memory) => memory.clone(),
+        };
+        #[cfg_attr(not(any(feature = "redis", feature = "nats")), allow(unused_mut))]
+        let mut drivers = DriverConnections { memory, ..Default::default() };
+        #[cfg(feature = "redis")]
+        if let Some(url) = &self.redis_url {
+            drivers.redis = Some(crate::drivers::redis::RedisDriver::connect(url).await?);
+        }
+        #[cfg(feature = "nats")]
+        if let Some(url) = &self.nats_url {
+            drivers.nats = Some(crate::drivers::nats::NatsDriver::connect(url).await?);
+        }
+        for (url, scheme) in [(&self.redis_url, "redis"), (&self.nats_url, "nats")] {
+            if url.is_some() && !supported_schemes().contains(&scheme) {
+                return Err(Error::BadRequest(format!("this build has no {scheme} driver (cargo feature `{scheme}`)")));
+            }
+        }
+        Ok(drivers)
+    }
+
     /// Load the component, start it, and run `init` with the options.
     pub async fn open(self) -> Result<Broker> {
         ids::validate(self.ids.as_ref())?;
-        let runtime = match self.runtime {
+        let runtime = match self.runtime.clone() {
             Some(runtime) => runtime,
             None => Runtime::shared()?,
         };
-        let memory = match (&self.source, self.memory) {
-            (ComponentSource::EmbeddedMemory, None) => Some(MemoryStore::new()),
-            (_, memory) => memory,
-        };
-        let drivers = DriverConnections { memory };
+        let drivers = self.connect_drivers().await?;
         let component = match &self.source {
-            ComponentSource::EmbeddedMemory => {
-                runtime.load_bytes("embedded memory adapter", MEMORY_COMPONENT, &drivers)?
-            }
+            ComponentSource::Embedded { name, bytes } => runtime.load_bytes(name, bytes, &drivers)?,
             ComponentSource::File(path) => runtime.load_file(path, &drivers)?,
         };
         let component = Arc::new(component);
@@ -182,11 +269,13 @@ impl Broker {
     /// A builder; by default it opens the embedded memory adapter on a fresh in-process store.
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder {
-            source: ComponentSource::EmbeddedMemory,
+            source: ComponentSource::embedded_memory(),
             options: Vec::new(),
             limits: Limits::default(),
             ids: Arc::new(RandomIds),
             memory: None,
+            redis_url: None,
+            nats_url: None,
             runtime: None,
         }
     }
@@ -194,6 +283,11 @@ impl Broker {
     /// The embedded memory adapter on a fresh in-process store: needs no file and no server.
     pub async fn memory() -> Result<Broker> {
         Broker::builder().open().await
+    }
+
+    /// The broker at `url` through the adapter embedded for it (see [`BrokerBuilder::url`]).
+    pub async fn connect(url: &str) -> Result<Broker> {
+        Broker::builder().url(url)?.open().await
     }
 
     /// The adapter component in `path`, with `init` options.

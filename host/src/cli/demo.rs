@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use wrpc_broker::log::Headers;
-use wrpc_broker::{AppendOptions, Broker, Entry, Log, MemoryStore, ReadFrom, Reader, Subscription};
+use wrpc_broker::{
+    AppendOptions, Broker, Entry, Incoming, ListenOptions, Log, MemoryStore, Packet, ReadFrom,
+    Reader, SendOptions, Subscription,
+};
 
 /// The longest the demo waits for anything.
 const WAIT: Duration = Duration::from_secs(5);
@@ -35,7 +38,11 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
         a.info().name
     );
 
-    let summary = [log_part(&a, &b).await?, backplane_part(&a, &b).await?];
+    let summary = [
+        log_part(&a, &b).await?,
+        backplane_part(&a, &b).await?,
+        direct_part(&a, &b).await?,
+    ];
 
     a.close();
     b.close();
@@ -244,6 +251,82 @@ async fn receive(subscription: &mut Subscription, what: &str) -> anyhow::Result<
         .await?
         .ok_or_else(|| anyhow!("the subscription closed before {what}"))?;
     Ok(String::from_utf8_lossy(&payload).into_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct
+
+const QUOTES: &str = "billing.quote";
+/// An address nobody listens on.
+const REFUNDS: &str = "billing.refund";
+
+async fn direct_part(a: &Broker, b: &Broker) -> anyhow::Result<String> {
+    heading("Direct: request/reply on `billing.quote`");
+    let (direct_a, direct_b) = (a.direct()?, b.direct()?);
+
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let quote = move |incoming: Incoming| {
+        let seen_tx = seen_tx.clone();
+        async move {
+            let packet = &incoming.packet;
+            let request = String::from_utf8_lossy(&packet.body).into_owned();
+            let id = packet.correlation_id.clone().unwrap_or_default();
+            println!(
+                "  B got the request {request} (correlation id {id}) and replies to `{}`",
+                packet.reply_to.as_deref().unwrap_or("nowhere")
+            );
+            incoming
+                .reply(r#"{"item":"grinder","qty":1,"price":"89.00 EUR"}"#)
+                .await?;
+            let _ = seen_tx.send(id);
+            Ok(())
+        }
+    };
+    let listener = within(
+        "B to listen",
+        direct_b.listen(QUOTES, quote, ListenOptions::default()),
+    )
+    .await??;
+    println!("  B listens on `{QUOTES}`");
+
+    let request = r#"{"item":"grinder","qty":1}"#;
+    println!("A requests a quote from `{QUOTES}`: {request}");
+    let reply = within("the quote", direct_a.request(QUOTES, request, WAIT)).await??;
+    let id = reply.correlation_id.clone().unwrap_or_default();
+    println!(
+        "  A got the reply {} with correlation id {id}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let id_at_b = within("B's handler to finish", seen.recv())
+        .await?
+        .ok_or_else(|| anyhow!("B's handler ended without answering"))?;
+    if id != id_at_b {
+        bail!("the reply's correlation id {id} is not the request's ({id_at_b})");
+    }
+    println!("  -> the reply carries the request's correlation id; A's reply inbox matched them.");
+
+    println!("A sends to `{REFUNDS}`, where nobody listens:");
+    let refund = Packet {
+        body: br#"{"order":4}"#.to_vec(),
+        ..Packet::default()
+    };
+    let result = within(
+        "the send's answer",
+        direct_a.send(REFUNDS, refund, SendOptions::default()),
+    )
+    .await?;
+    match result {
+        Err(e) if e.status() == 503 => println!("  refused with 503: {e}"),
+        Err(e) => bail!("a send to `{REFUNDS}` should fail with 503, but failed with: {e}"),
+        Ok(()) => bail!("a send to `{REFUNDS}` should fail with 503, but it was accepted"),
+    }
+    within("B's listener to stop", listener.stop()).await?;
+
+    Ok(
+        "direct: A's request reached B's listener on `billing.quote` and the reply came back \
+        with its correlation id, and a send to an address nobody listens on was refused (503)"
+            .into(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
