@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+scripts/services.sh
 
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings

@@ -621,11 +621,7 @@ impl Listener {
     /// dropped: at most once), and wait for the handlers in flight.
     pub async fn stop(&self) {
         self.shared.stopping.cancel();
-        let runner = self
-            .runner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let runner = self.runner.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(runner) = runner {
             let _ = runner.await;
         }

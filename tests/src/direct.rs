@@ -97,7 +97,9 @@ async fn request_reply_across_two_instances(f: Factory) -> anyhow::Result<()> {
     let handler = move |incoming: Incoming| {
         let seen_tx = seen_tx.clone();
         async move {
-            incoming.reply(format!("re:{}", text(&incoming.packet))).await?;
+            incoming
+                .reply(format!("re:{}", text(&incoming.packet)))
+                .await?;
             seen_tx.unbounded_send(incoming.packet)?;
             Ok(())
         }
@@ -113,7 +115,11 @@ async fn request_reply_across_two_instances(f: Factory) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("the request from instance {name}"))?;
         ensure_eq!(text(&reply), format!("re:quote-{i}"), "the reply to {name}");
-        let request = next(&mut seen, &format!("the request from {name} at the listener")).await?;
+        let request = next(
+            &mut seen,
+            &format!("the request from {name} at the listener"),
+        )
+        .await?;
         ensure!(
             request.correlation_id.is_some(),
             "a request carries a correlation id, got {request:?}"
@@ -162,7 +168,10 @@ async fn inbox_addresses_are_unique_and_routable(f: Factory) -> anyhow::Result<(
         let direct = host.direct()?;
         for _ in 0..100 {
             let inbox = direct.inbox().await?;
-            ensure!(!inbox.is_empty(), "instance {name} made an empty inbox address");
+            ensure!(
+                !inbox.is_empty(),
+                "instance {name} made an empty inbox address"
+            );
             ensure!(
                 seen.insert(inbox.clone()),
                 "instance {name} made the inbox address {inbox} twice"
@@ -190,7 +199,9 @@ async fn send_to_an_address_nobody_listens_on_is_unavailable(f: Factory) -> anyh
             .await
         {
             Err(Error::Unavailable(_)) => {}
-            other => bail!("a send to {address}, where nobody listens: expected 503, got {other:?}"),
+            other => {
+                bail!("a send to {address}, where nobody listens: expected 503, got {other:?}")
+            }
         }
         match direct.request(&address, "lost", REPLY).await {
             Err(Error::Unavailable(_)) => {}
@@ -301,10 +312,7 @@ async fn each_group_and_each_ungrouped_listener_gets_every_packet(
         let mut whom = got.get(&format!("p{i}")).cloned().unwrap_or_default();
         whom.sort();
         ensure!(
-            whom.len() == 3
-                && (whom[0] == 0 || whom[0] == 1)
-                && whom[1] == 2
-                && whom[2] == 3,
+            whom.len() == 3 && (whom[0] == 0 || whom[0] == 1) && whom[1] == 2 && whom[2] == 3,
             "packet p{i} must reach one member of g1 (0 or 1), the member of g2 (2) and the \
              ungrouped listener (3), reached {whom:?}"
         );

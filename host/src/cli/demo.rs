@@ -316,7 +316,7 @@ async fn direct_part(a: &Broker, b: &Broker) -> anyhow::Result<String> {
     )
     .await?;
     match result {
-        Err(e) if e.status() == 503 => println!("  refused with 503: {e}"),
+        Err(e) if e.status() == 503 => println!("  The send is refused with 503: {e}"),
         Err(e) => bail!("a send to `{REFUNDS}` should fail with 503, but failed with: {e}"),
         Ok(()) => bail!("a send to `{REFUNDS}` should fail with 503, but it was accepted"),
     }
