@@ -29,6 +29,7 @@ fn main() {
         Build { package: "wrpc-test-probe", features: &[], name: "probe" },
         Build { package: "wrpc-test-probe", features: &["only-log"], name: "probe_only_log" },
         Build { package: "wrpc-test-probe", features: &["forbidden-import"], name: "probe_forbidden_import" },
+        Build { package: "wrpc-adapter-memory", features: &["chaos-trap-every-500"], name: "memory_chaos" },
     ];
     for (features, name) in feature_refs.iter().zip(&names) {
         builds.push(Build { package: "wrpc-adapter-memory", features, name });

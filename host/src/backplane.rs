@@ -68,8 +68,10 @@ async fn run_publisher(
     while rx.recv_many(&mut waiting, MAX_PUBLISH_BATCH).await > 0 {
         let (payloads, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
         let result = slot
-            .current()
-            .backplane_publish(channel.clone(), payloads)
+            .retry_trapped(|adapter| {
+                let (first, second) = (channel.clone(), payloads.clone());
+                async move { adapter.backplane_publish(first, second).await }
+            })
             .await;
         for reply in replies {
             let _ = reply.send(result.clone());

@@ -197,7 +197,7 @@ impl BrokerBuilder {
             ids: self.ids,
             drivers,
         };
-        let instance = AdapterInstance::start(component.clone(), config).await?;
+        let instance = AdapterInstance::start(component.clone(), config.clone()).await?;
         let slot = Arc::new(AdapterSlot::new(instance));
         Ok(Broker {
             inner: Arc::new(Inner {
@@ -206,11 +206,17 @@ impl BrokerBuilder {
                 queues: Queues::new(slot.clone()),
                 inboxes: Inboxes::new(slot.clone()),
                 slot,
-                component,
+                component: RwLock::new(component),
+                runtime,
+                config,
+                swapping: tokio::sync::Mutex::new(()),
             }),
         })
     }
 }
+
+/// How many times a call failed by a trap is tried again on the replacement instance.
+pub const TRAP_RETRIES: u32 = 3;
 
 /// The adapter instance every handle of one broker goes through; swapping it swaps the adapter.
 #[derive(Debug)]
@@ -222,6 +228,31 @@ impl AdapterSlot {
     fn new(instance: AdapterInstance) -> Self {
         Self {
             current: RwLock::new(instance),
+        }
+    }
+
+    /// Point every later call at `instance`; returns the one it replaces.
+    fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
+        std::mem::replace(&mut *self.current.write().unwrap_or_else(|e| e.into_inner()), instance)
+    }
+
+    /// Run `call` on the current adapter, and again on its replacement (up to
+    /// [`TRAP_RETRIES`] times) when it failed because the adapter trapped. A trap before the
+    /// broker was touched repeats nothing; one after it may repeat the operation (at least once).
+    pub(crate) async fn retry_trapped<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(AdapterInstance) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match call(self.current()).await {
+                Err(Error::Trapped(why)) if attempt < TRAP_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(attempt, "the adapter trapped under a call; trying it again: {why}");
+                }
+                answer => return answer,
+            }
         }
     }
 
@@ -240,13 +271,29 @@ pub(crate) struct Inner {
     pub(crate) channels: Channels,
     pub(crate) queues: Queues,
     pub(crate) inboxes: Inboxes,
-    component: Arc<AdapterComponent>,
+    component: RwLock<Arc<AdapterComponent>>,
+    runtime: Runtime,
+    /// How instances are started: options, limits, ids and the drivers lent to the adapter.
+    config: InstanceConfig,
+    /// One swap at a time.
+    swapping: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.slot.current().close();
     }
+}
+
+/// What a [`Broker::swap`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct SwapReport {
+    /// The generation of the new adapter instance.
+    pub generation: u32,
+    /// How long loading and starting the new adapter took (calls kept going to the old one).
+    pub ready: std::time::Duration,
+    /// How long the whole swap took, consumers moved and the old adapter closed.
+    pub total: std::time::Duration,
 }
 
 /// A host instance on one broker, through one adapter component. Clones share it; the adapter
@@ -313,8 +360,48 @@ impl Broker {
     }
 
     /// The loaded component (source, size, cache origin, load time, imports).
-    pub fn component(&self) -> &AdapterComponent {
-        &self.inner.component
+    pub fn component(&self) -> Arc<AdapterComponent> {
+        self.inner.component.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replace the adapter under this running host with the component in `path` (a new version
+    /// for the same broker, with the same drivers), losing nothing: the new one is started; calls
+    /// from now on go to it (calls already queued on the old one finish there); queue consumers
+    /// drain on the old one (handlers in flight finish within a grace period, unsettled
+    /// deliveries are released) and consume again on the new one; then the old one closes, and
+    /// log readers, backplane subscriptions and direct listeners resume on the new one (readers
+    /// after their last entry). A failure to load or start the new component changes nothing.
+    pub async fn swap<K: Into<String>, V: Into<String>>(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<SwapReport> {
+        let started = std::time::Instant::now();
+        let _one_at_a_time = self.inner.swapping.lock().await;
+        let old = self.inner.slot.current();
+        let component = Arc::new(self.inner.runtime.load_file(path, &self.inner.config.drivers)?);
+        let missing: Vec<&str> = old
+            .capabilities()
+            .names()
+            .into_iter()
+            .filter(|c| !component.capabilities.names().contains(c))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "the new adapter does not export {} (the running one does): not swapped",
+                missing.join(", ")
+            )));
+        }
+        let mut config = self.inner.config.clone();
+        config.options = options.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let new = AdapterInstance::start_at(component.clone(), config, old.generation() + 1).await?;
+        let ready = started.elapsed();
+        self.inner.slot.replace(new.clone());
+        *self.inner.component.write().unwrap_or_else(|e| e.into_inner()) = component;
+        self.inner.queues.switch_all().await;
+        old.retire(new.clone());
+        old.finished().await;
+        Ok(SwapReport { generation: new.generation(), ready, total: started.elapsed() })
     }
 
     /// The live adapter instance, for raw calls to its exports (the contract suite checks an

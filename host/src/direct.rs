@@ -32,6 +32,8 @@ use crate::log::Headers;
 
 /// Pause before listening again after an adapter listener's packet stream ended.
 const RELISTEN_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between attempts to listen again while they keep failing.
+const MAX_RELISTEN_PAUSE: Duration = Duration::from_secs(1);
 /// How long a reply may wait for room at the requester's inbox, by default.
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -167,10 +169,12 @@ impl AdapterListener {
     /// Listen on the adapter now; returns once the broker routes packets to it.
     async fn listen(&self) -> Result<Session> {
         let adapter = self.slot.current();
-        let generation = adapter.generation();
         let (id, packets) = adapter
             .direct_listen(self.address.clone(), self.group.clone())
             .await?;
+        // Read after the call: a call queued while a trapped instance was being replaced runs
+        // on the new one, and the generation is published before the new one takes calls.
+        let generation = adapter.generation();
         self.set_current(Some((generation, id)));
         Ok(Session {
             generation,
@@ -180,18 +184,20 @@ impl AdapterListener {
     }
 
     /// The packet stream of `ended` ended without a stop: release what is left of it and listen
-    /// again after a pause, until that works. `None` when `stopping` fired or the adapter was
+    /// again after a pause (50 ms, doubling to 1 s while it fails), until that works. `None` when `stopping` fired or the adapter was
     /// closed.
     async fn relisten(&self, ended: Session, stopping: &CancellationToken) -> Option<Session> {
         // The old adapter listener is not stopped: after a trap its id may already name a
         // listener of the new instance (ids are per instance).
         self.set_current(None);
         drop(ended);
+        let mut pause = RELISTEN_PAUSE;
         loop {
             tokio::select! {
                 _ = stopping.cancelled() => return None,
-                _ = tokio::time::sleep(RELISTEN_PAUSE) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
+            pause = (pause * 2).min(MAX_RELISTEN_PAUSE);
             match self.listen().await {
                 Ok(session) => {
                     tracing::debug!(address = %self.address, group = ?self.group, "listening again");
@@ -205,11 +211,13 @@ impl AdapterListener {
         }
     }
 
-    /// Stop the adapter listener of `session`, if its instance is still the live one.
+    /// Stop the adapter listener of `session`, if its instance is still the live one and its
+    /// stream has not ended (after a trap its id may name a listener of the new instance).
     async fn stop(&self, session: Session) {
         self.set_current(None);
         let adapter = self.slot.current();
         if adapter.generation() == session.generation
+            && !session.packets.is_closed()
             && let Err(e) = adapter.direct_stop(session.id).await
         {
             tracing::debug!(address = %self.address, "stopping the adapter listener: {e}");

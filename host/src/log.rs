@@ -162,7 +162,13 @@ async fn run_appender(
     while rx.recv_many(&mut waiting, MAX_APPEND_BATCH).await > 0 {
         let (records, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
         let count = records.len();
-        match slot.current().log_append(topic.clone(), records).await {
+        let appended = slot
+            .retry_trapped(|adapter| {
+                let (first, second) = (topic.clone(), records.clone());
+                async move { adapter.log_append(first, second).await }
+            })
+            .await;
+        match appended {
             Ok(ids) if ids.len() == count => {
                 for (reply, id) in replies.into_iter().zip(ids) {
                     let _ = reply.send(Ok(id));
@@ -238,10 +244,13 @@ impl Log {
                 key: o.key,
             })
             .collect();
+        let batch: Vec<wit::RecordIn> = batch;
         self.inner
             .slot
-            .current()
-            .log_append(topic.to_string(), batch)
+            .retry_trapped(|adapter| {
+                let (first, second) = (topic.to_string(), batch.clone());
+                async move { adapter.log_append(first, second).await }
+            })
             .await
     }
 

@@ -26,6 +26,7 @@ use crate::bindings::{queue as wit, types};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
 use crate::log::Headers;
+use crate::runtime::AdapterInstance;
 use crate::runtime::trace::TargetLogger;
 
 /// Messages carried by one `produce` call at most.
@@ -81,15 +82,34 @@ pub fn handler_backoff(attempt: u32) -> Duration {
 
 type ProduceRequest = (wit::Message, oneshot::Sender<Result<()>>);
 
-/// Per-broker queue machinery: the produce batchers.
+/// Per-broker queue machinery: the produce batchers and the live consumers.
 pub(crate) struct Queues {
     slot: Arc<AdapterSlot>,
     producers: Mutex<HashMap<String, mpsc::Sender<ProduceRequest>>>,
+    consumers: Mutex<Vec<std::sync::Weak<ConsumerShared>>>,
 }
 
 impl Queues {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
-        Self { slot, producers: Mutex::new(HashMap::new()) }
+        Self { slot, producers: Mutex::new(HashMap::new()), consumers: Mutex::new(Vec::new()) }
+    }
+
+    /// Move every live consumer to the slot's current adapter: each drains its session on the
+    /// old one (handlers in flight finish within [`SWITCH_GRACE`], unsettled deliveries are
+    /// released) and consumes again on the new one. Returns once all have moved.
+    pub(crate) async fn switch_all(&self) {
+        let live: Vec<Arc<ConsumerShared>> = {
+            let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+            consumers.retain(|c| c.strong_count() > 0);
+            consumers.iter().filter_map(|c| c.upgrade()).collect()
+        };
+        let moves = live.iter().map(|consumer| async move {
+            let (reply, done) = oneshot::channel();
+            if consumer.switch_tx.send(reply).await.is_ok() {
+                let _ = done.await;
+            }
+        });
+        futures::future::join_all(moves).await;
     }
 
     fn producer(&self, queue: &str) -> mpsc::Sender<ProduceRequest> {
@@ -109,7 +129,12 @@ async fn run_producer(slot: Arc<AdapterSlot>, queue: String, mut rx: mpsc::Recei
     let mut waiting = Vec::with_capacity(MAX_PRODUCE_BATCH);
     while rx.recv_many(&mut waiting, MAX_PRODUCE_BATCH).await > 0 {
         let (messages, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
-        let result = slot.current().queue_produce(queue.clone(), messages).await;
+        let result = slot
+            .retry_trapped(|adapter| {
+                let (first, second) = (queue.clone(), messages.clone());
+                async move { adapter.queue_produce(first, second).await }
+            })
+            .await;
         for reply in replies {
             let _ = reply.send(result.clone());
         }
@@ -156,7 +181,14 @@ impl Queue {
             .into_iter()
             .map(|(body, o)| wit::Message { body, headers: o.headers })
             .collect();
-        self.inner.slot.current().queue_produce(queue.to_string(), batch).await
+        let batch: Vec<wit::Message> = batch;
+        self.inner
+            .slot
+            .retry_trapped(|adapter| {
+                let (first, second) = (queue.to_string(), batch.clone());
+                async move { adapter.queue_produce(first, second).await }
+            })
+            .await
     }
 
     /// Consume `queue`: `handler` runs on each delivery, up to `prefetch` at once. Returns once
@@ -171,6 +203,7 @@ impl Queue {
         }
         let adapter = self.inner.slot.current();
         let (settle_tx, settle_rx) = mpsc::channel(4 * MAX_SETTLE_BATCH);
+        let (switch_tx, switch_rx) = mpsc::channel(4);
         let shared = Arc::new(ConsumerShared {
             queue: queue.to_string(),
             options: options.clone(),
@@ -179,23 +212,33 @@ impl Queue {
             healthy: AtomicBool::new(true),
             current: Mutex::new(None),
             stopping: CancellationToken::new(),
-            handlers: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(options.prefetch as usize)),
             settle_tx,
+            switch_tx,
             settle_log: TargetLogger::new(&format!("broker.{}.settle", adapter.info().name)),
         });
-        let session = shared.start_session().await?;
-        tokio::spawn(run_settler(shared.clone(), settle_rx));
-        let runner = tokio::spawn(shared.clone().run(session));
+        let (session, deliveries) = shared.start_session().await?;
+        tokio::spawn(run_settler(settle_rx));
+        let runner = tokio::spawn(shared.clone().run(session, deliveries, switch_rx));
+        self.inner
+            .queues
+            .consumers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&shared));
         Ok(Consumer { shared, runner: Mutex::new(Some(runner)) })
     }
 }
 
-/// One `consume` of the adapter: its consumer id, the generation it runs on, its deliveries.
+/// How long handlers in flight may take to finish when a consumer moves to a new adapter.
+pub(crate) const SWITCH_GRACE: Duration = Duration::from_secs(5);
+
+/// One `consume` of one adapter instance: settlements of its deliveries go back to it.
 struct Session {
+    instance: AdapterInstance,
     id: wit::ConsumerId,
-    generation: u32,
-    deliveries: mpsc::Receiver<Vec<wit::Delivery>>,
+    /// The handlers of this session's deliveries.
+    handlers: TaskTracker,
 }
 
 struct ConsumerShared {
@@ -205,88 +248,109 @@ struct ConsumerShared {
     handler: Arc<Handler>,
     /// False from a refused settlement until one lands again.
     healthy: AtomicBool,
-    /// The live adapter consumer: (generation, id).
-    current: Mutex<Option<(u32, wit::ConsumerId)>>,
+    /// The live session, if any.
+    current: Mutex<Option<Arc<Session>>>,
     stopping: CancellationToken,
-    handlers: TaskTracker,
     /// Bounds handlers in flight to `prefetch`, whatever the adapter delivers.
     slots: Arc<Semaphore>,
     settle_tx: mpsc::Sender<SettleRequest>,
+    /// Asks the runner to move to the slot's current adapter; answered once moved.
+    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
     settle_log: TargetLogger,
 }
 
 struct SettleRequest {
-    consumer: wit::ConsumerId,
+    session: Arc<Session>,
     tag: types::Tag,
     settlement: wit::Settlement,
     reply: oneshot::Sender<Result<()>>,
 }
 
+type Deliveries = mpsc::Receiver<Vec<wit::Delivery>>;
+
 impl ConsumerShared {
-    async fn start_session(&self) -> Result<Session> {
-        let adapter = self.slot.current();
-        let generation = adapter.generation();
+    async fn start_session(&self) -> Result<(Arc<Session>, Deliveries)> {
+        let instance = self.slot.current();
         let options = wit::ConsumeOptions { prefetch: self.options.prefetch, dead_letter: self.options.dead_letter.clone() };
-        let (id, deliveries) = adapter.queue_consume(self.queue.clone(), options).await?;
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, id));
-        Ok(Session { id, generation, deliveries })
+        let (id, deliveries) = instance.queue_consume(self.queue.clone(), options).await?;
+        let session = Arc::new(Session { instance, id, handlers: TaskTracker::new() });
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
+        Ok((session, deliveries))
     }
 
-    /// Hand deliveries to handlers until stopped; start a new session when the stream ends.
-    async fn run(self: Arc<Self>, mut session: Session) {
+    /// Consume again on the slot's current adapter, retrying until it answers or the consumer
+    /// stops.
+    async fn restart(&self) -> Option<(Arc<Session>, Deliveries)> {
         loop {
-            let ended = loop {
-                let batch = tokio::select! {
-                    biased;
-                    _ = self.stopping.cancelled() => break false,
-                    batch = session.deliveries.recv() => batch,
-                };
-                let Some(batch) = batch else { break true };
-                for delivery in batch {
-                    let Ok(permit) = self.slots.clone().acquire_owned().await else { return };
-                    let delivery = Delivery::new(self.clone(), session.id, delivery);
-                    let shared = self.clone();
-                    self.handlers.spawn(async move {
-                        shared.handle(delivery).await;
-                        drop(permit);
-                    });
-                }
-            };
-            if !ended {
-                break;
+            if self.stopping.is_cancelled() {
+                return None;
             }
-            // The stream ended without a stop: the instance was replaced, or the adapter cut it.
-            *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            session = loop {
-                if self.stopping.is_cancelled() {
-                    return self.finish(None).await;
+            match self.start_session().await {
+                Ok(started) => return Some(started),
+                Err(Error::Closed(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(queue = %self.queue, "consuming again: {e}");
+                    tokio::time::sleep(RECONSUME_PAUSE).await;
                 }
-                tokio::time::sleep(RECONSUME_PAUSE).await;
-                match self.start_session().await {
-                    Ok(session) => break session,
-                    Err(Error::Closed(_)) => return self.finish(None).await,
-                    Err(e) => tracing::warn!(queue = %self.queue, "consuming again: {e}"),
-                }
-            };
+            }
         }
-        self.finish(Some(session)).await;
     }
 
-    /// Wait for the handlers in flight, then stop the adapter consumer: what is unsettled goes
-    /// back to the broker for redelivery.
-    async fn finish(&self, session: Option<Session>) {
-        self.handlers.close();
-        self.handlers.wait().await;
-        if let Some(session) = session {
-            drop(session.deliveries);
-            let adapter = self.slot.current();
-            if adapter.generation() == session.generation {
-                if let Err(e) = adapter.queue_stop(session.id).await {
-                    tracing::debug!(queue = %self.queue, "stopping the adapter consumer: {e}");
+    /// Hand deliveries to handlers until stopped; move sessions when asked or when the stream
+    /// ends (a trap replaced the instance).
+    async fn run(self: Arc<Self>, mut session: Arc<Session>, mut deliveries: Deliveries, mut switches: mpsc::Receiver<oneshot::Sender<()>>) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stopping.cancelled() => break,
+                Some(moved) = switches.recv() => {
+                    self.drain(&session, deliveries).await;
+                    let Some(next) = self.restart().await else {
+                        let _ = moved.send(());
+                        return;
+                    };
+                    (session, deliveries) = next;
+                    let _ = moved.send(());
                 }
+                batch = deliveries.recv() => match batch {
+                    Some(batch) => {
+                        for delivery in batch {
+                            let Ok(permit) = self.slots.clone().acquire_owned().await else { return };
+                            let delivery = Delivery::new(self.clone(), session.clone(), delivery);
+                            let shared = self.clone();
+                            session.handlers.spawn(async move {
+                                shared.handle(delivery).await;
+                                drop(permit);
+                            });
+                        }
+                    }
+                    None => {
+                        // The stream ended without a stop: the instance was replaced, or the
+                        // adapter cut it. What was unsettled comes back by redelivery.
+                        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        tokio::time::sleep(RECONSUME_PAUSE).await;
+                        let Some(next) = self.restart().await else { return };
+                        (session, deliveries) = next;
+                    }
+                },
             }
         }
+        self.drain(&session, deliveries).await;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Take no more deliveries from `session`, let its handlers finish (within
+    /// [`SWITCH_GRACE`]), then stop the adapter consumer: what is unsettled goes back to the
+    /// broker for redelivery.
+    async fn drain(&self, session: &Session, deliveries: Deliveries) {
+        drop(deliveries);
+        session.handlers.close();
+        if tokio::time::timeout(SWITCH_GRACE, session.handlers.wait()).await.is_err() {
+            tracing::warn!(queue = %self.queue, "handlers still running after {SWITCH_GRACE:?}; their deliveries come back by redelivery");
+        }
+        if let Err(e) = session.instance.queue_stop(session.id).await {
+            tracing::debug!(queue = %self.queue, "stopping the adapter consumer: {e}");
+        }
     }
 
     /// Run the handler on one delivery; settle it if the handler did not.
@@ -315,8 +379,8 @@ impl ConsumerShared {
         }
     }
 
-    async fn settle(&self, consumer: wit::ConsumerId, tag: types::Tag, settlement: wit::Settlement) -> Result<()> {
-        let generation = self.slot.current().generation();
+    async fn settle(&self, session: &Arc<Session>, tag: types::Tag, settlement: wit::Settlement) -> Result<()> {
+        let generation = session.instance.generation();
         if tag.generation != generation {
             return Err(Error::Stale(format!(
                 "the delivery came from adapter generation {}, the adapter is now generation {generation}; \
@@ -326,7 +390,7 @@ impl ConsumerShared {
         }
         let (reply, answer) = oneshot::channel();
         self.settle_tx
-            .send(SettleRequest { consumer, tag, settlement, reply })
+            .send(SettleRequest { session: session.clone(), tag, settlement, reply })
             .await
             .map_err(|_| Error::Closed("the consumer was stopped".into()))?;
         let result = answer.await.map_err(|_| Error::Closed("the consumer was stopped".into()))?;
@@ -345,21 +409,21 @@ impl ConsumerShared {
     }
 }
 
-/// Batches settlements into `settle` calls, per adapter consumer, in order.
-async fn run_settler(shared: Arc<ConsumerShared>, mut rx: mpsc::Receiver<SettleRequest>) {
+/// Batches settlements into `settle` calls, per session, in order.
+async fn run_settler(mut rx: mpsc::Receiver<SettleRequest>) {
     let mut waiting = Vec::with_capacity(MAX_SETTLE_BATCH);
     while rx.recv_many(&mut waiting, MAX_SETTLE_BATCH).await > 0 {
-        let mut by_consumer: Vec<(wit::ConsumerId, Vec<SettleRequest>)> = Vec::new();
+        let mut by_session: Vec<(Arc<Session>, Vec<SettleRequest>)> = Vec::new();
         for request in waiting.drain(..) {
-            match by_consumer.iter_mut().find(|(id, _)| *id == request.consumer) {
+            match by_session.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &request.session)) {
                 Some((_, requests)) => requests.push(request),
-                None => by_consumer.push((request.consumer, vec![request])),
+                None => by_session.push((request.session.clone(), vec![request])),
             }
         }
-        for (consumer, requests) in by_consumer {
+        for (session, requests) in by_session {
             let (batch, replies): (Vec<_>, Vec<_>) = requests.into_iter().map(|r| ((r.tag, r.settlement), r.reply)).unzip();
             let count = batch.len();
-            match shared.slot.current().queue_settle(consumer, batch).await {
+            match session.instance.queue_settle(session.id, batch).await {
                 Ok(results) if results.len() == count => {
                     for (reply, result) in replies.into_iter().zip(results) {
                         let _ = reply.send(result);
@@ -393,7 +457,7 @@ pub struct Delivery {
     /// 1 on the first delivery; + 1 per retry and per failed handler.
     pub attempt: u32,
     consumer: Arc<ConsumerShared>,
-    consumer_id: wit::ConsumerId,
+    session: Arc<Session>,
     tag: types::Tag,
     state: Arc<DeliveryState>,
 }
@@ -411,13 +475,13 @@ impl std::fmt::Debug for Delivery {
 }
 
 impl Delivery {
-    fn new(consumer: Arc<ConsumerShared>, consumer_id: wit::ConsumerId, d: wit::Delivery) -> Self {
+    fn new(consumer: Arc<ConsumerShared>, session: Arc<Session>, d: wit::Delivery) -> Self {
         Self {
             body: d.body,
             headers: d.headers,
             attempt: d.attempt,
             consumer,
-            consumer_id,
+            session,
             tag: d.tag,
             state: Arc::default(),
         }
@@ -437,7 +501,7 @@ impl Delivery {
             }
             *first = Some(kind);
         }
-        self.consumer.settle(self.consumer_id, self.tag, settlement).await?;
+        self.consumer.settle(&self.session, self.tag, settlement).await?;
         Ok(Settled::Applied)
     }
 
@@ -497,13 +561,9 @@ impl Consumer {
         if !self.shared.healthy.load(Ordering::Relaxed) {
             return false;
         }
-        let current = *self.shared.current.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((generation, id)) = current else { return false };
-        let adapter = self.shared.slot.current();
-        if adapter.generation() != generation {
-            return false;
-        }
-        adapter.queue_healthy(id).await.ok().flatten().unwrap_or(true)
+        let current = self.shared.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(session) = current else { return false };
+        session.instance.queue_healthy(session.id).await.ok().flatten().unwrap_or(true)
     }
 }
 

@@ -2,6 +2,8 @@
 
 /// The memory adapter.
 pub const MEMORY: &str = env!("WRPC_COMPONENT_MEMORY");
+/// The memory adapter trapping on every 500th call (chaos for the recovery tests).
+pub const MEMORY_CHAOS: &str = env!("WRPC_COMPONENT_MEMORY_CHAOS");
 /// The runtime probe exporting all four capabilities.
 pub const PROBE: &str = env!("WRPC_COMPONENT_PROBE");
 /// The runtime probe exporting only `log`.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use futures::channel::mpsc::{UnboundedReceiver, unbounded};
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use wrpc_broker::{Direct, Error, Incoming, ListenOptions, Listener, Packet, SendOptions};
 
 use crate::support::{ARRIVAL, next, silence, unique};
@@ -44,19 +44,15 @@ tests!(
 /// How long a request in these tests waits for its reply when one is expected.
 const REPLY: Duration = ARRIVAL;
 
-/// A handler that forwards each packet (tagged with `who`) to the returned stream.
-fn collect<T: Clone + Send + Sync + 'static>(
+/// A handler that forwards each packet, tagged with `who`, to `tx`.
+fn forward_to<T: Clone + Send + Sync + 'static>(
     who: T,
-) -> (
-    impl Fn(Incoming) -> Ready<anyhow::Result<()>> + Send + Sync + 'static,
-    UnboundedReceiver<(T, Packet)>,
-) {
-    let (tx, rx) = unbounded();
-    let handler = move |incoming: Incoming| {
+    tx: UnboundedSender<(T, Packet)>,
+) -> impl Fn(Incoming) -> Ready<anyhow::Result<()>> + Send + Sync + 'static {
+    move |incoming: Incoming| {
         let sent = tx.unbounded_send((who.clone(), incoming.packet));
         std::future::ready(sent.context("the test stopped reading"))
-    };
-    (handler, rx)
+    }
 }
 
 /// Listen on `address` (in `group`, if any), forwarding packets to the returned stream.
@@ -65,7 +61,8 @@ async fn listen(
     address: &str,
     group: Option<&str>,
 ) -> anyhow::Result<(Listener, UnboundedReceiver<((), Packet)>)> {
-    let (handler, rx) = collect(());
+    let (tx, rx) = unbounded();
+    let handler = forward_to((), tx);
     let options = ListenOptions {
         group: group.map(str::to_string),
         ..ListenOptions::default()
@@ -236,13 +233,7 @@ async fn grouped_listeners_on_two_instances_compete(f: Factory) -> anyhow::Resul
     let (tx, mut rx) = unbounded();
     let mut listeners = Vec::new();
     for (who, host) in [&a, &b].into_iter().enumerate() {
-        let tx = tx.clone();
-        let handler = move |incoming: Incoming| {
-            std::future::ready(
-                tx.unbounded_send((who, incoming.packet))
-                    .context("the test stopped reading"),
-            )
-        };
+        let handler = forward_to(who, tx.clone());
         let options = ListenOptions {
             group: Some("workers".into()),
             ..ListenOptions::default()
@@ -288,13 +279,7 @@ async fn each_group_and_each_ungrouped_listener_gets_every_packet(
     let (tx, mut rx) = unbounded();
     let mut listeners = Vec::new();
     for (who, (host, group)) in members.into_iter().enumerate() {
-        let tx = tx.clone();
-        let handler = move |incoming: Incoming| {
-            std::future::ready(
-                tx.unbounded_send((who, incoming.packet))
-                    .context("the test stopped reading"),
-            )
-        };
+        let handler = forward_to(who, tx.clone());
         let options = ListenOptions {
             group: group.map(str::to_string),
             ..ListenOptions::default()
@@ -324,7 +309,7 @@ async fn ungrouped_listeners_each_get_every_packet(f: Factory) -> anyhow::Result
     let a = f.instance().await?;
     let b = f.instance().await?;
     let address = unique("all");
-    let mut listeners = vec![
+    let mut listeners = [
         listen(&a.direct()?, &address, None).await?,
         listen(&a.direct()?, &address, None).await?,
         listen(&b.direct()?, &address, None).await?,

@@ -121,9 +121,27 @@ thread_local! {
 
 /// The configuration, or `closed` before `init`.
 fn config() -> Result<Rc<Config>, Error> {
+    #[cfg(feature = "chaos-trap-every-500")]
+    chaos_tick();
     CONFIG
         .with_borrow(Clone::clone)
         .ok_or_else(|| Error::closed("the adapter was not initialised"))
+}
+
+/// Chaos, not a mutant: trap on every 500th call that reads the configuration (nearly every
+/// export does), so tests show a trapping adapter loses nothing.
+#[cfg(feature = "chaos-trap-every-500")]
+fn chaos_tick() {
+    thread_local! {
+        static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let calls = CALLS.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
+    if calls % 500 == 0 {
+        panic!("chaos: trapping on call {calls}");
+    }
 }
 
 /// A store error as a broker error, same kind and message.

@@ -69,6 +69,12 @@ struct Shared {
     limits: Limits,
     last_trap: Mutex<Option<String>>,
     closing: CancellationToken,
+    /// Set by [`AdapterInstance::retire`]: finish what was submitted, then close.
+    retiring: CancellationToken,
+    /// Where calls go once this instance was retired.
+    successor: std::sync::OnceLock<AdapterInstance>,
+    /// Cancelled when the Store-owner task has ended.
+    finished: CancellationToken,
 }
 
 /// A handle to a running adapter; clones share the instance. Dropping every handle closes it.
@@ -91,7 +97,12 @@ impl std::fmt::Debug for AdapterInstance {
 impl AdapterInstance {
     /// Instantiate `component`, run `describe` and `init`, and start its Store-owner task.
     pub async fn start(component: SharedComponent, config: InstanceConfig) -> Result<Self> {
-        let generation = 1;
+        Self::start_at(component, config, 1).await
+    }
+
+    /// [`Self::start`] with the first generation given: a replacement of another adapter starts
+    /// above that one's, so tags it minted stay stale here.
+    pub async fn start_at(component: SharedComponent, config: InstanceConfig, generation: u32) -> Result<Self> {
         let (store, exports, info) = instantiate(&component, &config, generation, None).await?;
         let logger = TargetLogger::new(&format!("broker.{}", info.name));
         let (jobs, rx) = mpsc::channel(1024);
@@ -102,6 +113,9 @@ impl AdapterInstance {
             limits: config.limits.clone(),
             last_trap: Mutex::new(None),
             closing: CancellationToken::new(),
+            retiring: CancellationToken::new(),
+            successor: std::sync::OnceLock::new(),
+            finished: CancellationToken::new(),
         });
         tokio::spawn(supervise(
             Supervisor {
@@ -162,6 +176,36 @@ impl AdapterInstance {
         self.shared.closing.is_cancelled()
     }
 
+    /// Hand over to `successor`: calls already submitted here finish here, every later call goes
+    /// to the successor, then this instance closes (its streams end). No call fails because of it.
+    pub fn retire(&self, successor: AdapterInstance) {
+        let _ = self.shared.successor.set(successor);
+        self.shared.retiring.cancel();
+    }
+
+    /// Wait until the Store-owner task has ended (after a close or a retirement).
+    pub async fn finished(&self) {
+        self.shared.finished.cancelled().await;
+    }
+
+    /// Whether `other` is a handle to this same adapter instance.
+    pub fn same(&self, other: &AdapterInstance) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Queue `job` here, or at the successor once this instance was retired.
+    fn submit(&self, job: Job) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            match self.jobs.send(job).await {
+                Ok(()) => Ok(()),
+                Err(mpsc::error::SendError(job)) => match self.shared.successor.get() {
+                    Some(successor) => successor.submit(job).await,
+                    None => Err(Error::Closed("the adapter was closed".into())),
+                },
+            }
+        })
+    }
+
     /// Run `f` inside the instance, with the wall-clock call timeout. A trap fails this call
     /// (and every call in flight) with [`Error::Trapped`]; the instance is replaced.
     pub async fn call<R, F>(&self, f: F) -> Result<R>
@@ -169,9 +213,6 @@ impl AdapterInstance {
         R: Send + 'static,
         F: for<'a> FnOnce(&'a Accessor<Ctx>, &'a Exports) -> CallFuture<'a, R> + Send + 'static,
     {
-        if self.is_closed() {
-            return Err(Error::Closed("the adapter was closed".into()));
-        }
         let (tx, rx) = oneshot::channel();
         let timeout = self.shared.limits.call_timeout;
         let job: Job = Box::new(move |accessor, exports| {
@@ -194,10 +235,7 @@ impl AdapterInstance {
                 }
             })
         });
-        self.jobs
-            .send(job)
-            .await
-            .map_err(|_| Error::Closed("the adapter was closed".into()))?;
+        self.submit(job).await?;
         match rx.await {
             Ok(answer) => answer,
             Err(_) if self.is_closed() => Err(Error::Closed("the adapter was closed".into())),
@@ -330,9 +368,15 @@ enum Exit {
 }
 
 /// Serve instance after instance until the adapter is closed.
-async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Exports) {
+async fn supervise(sup: Supervisor, store: Store<Ctx>, exports: Exports) {
+    let finished = sup.shared.finished.clone();
+    serve_generations(sup, store, exports).await;
+    finished.cancel();
+}
+
+async fn serve_generations(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Exports) {
     loop {
-        match serve(&mut store, &exports, &mut sup.rx, &sup.shared.closing).await {
+        match serve(&mut store, &exports, &mut sup.rx, &sup.shared.closing, &sup.shared.retiring).await {
             Exit::Closed => break,
             Exit::Trapped(message) => {
                 sup.logger.log(
@@ -350,7 +394,7 @@ async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Expo
         }
         drop(store);
         loop {
-            if sup.shared.closing.is_cancelled() {
+            if sup.shared.closing.is_cancelled() || sup.shared.retiring.is_cancelled() {
                 return;
             }
             sup.generation += 1;
@@ -381,30 +425,46 @@ async fn supervise(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Expo
 }
 
 /// The Store-owner loop: run jobs concurrently inside one `run_concurrent` until the adapter is
-/// closed or the instance traps.
+/// closed, retired (then: finish every job already queued, refuse new ones so they go to the
+/// successor, and close) or the instance traps.
 async fn serve(
     store: &mut Store<Ctx>,
     exports: &Exports,
     rx: &mut mpsc::Receiver<Job>,
     closing: &CancellationToken,
+    retiring: &CancellationToken,
 ) -> Exit {
     let outcome = store
         .run_concurrent(async |accessor| -> wasmtime::Result<Exit> {
             let mut inflight = FuturesUnordered::new();
             let mut batch = Vec::with_capacity(JOBS_PER_WAKE);
+            let (mut draining, mut drained) = (false, false);
             loop {
                 accessor.with(|mut access| access.get().progress());
+                if drained && inflight.is_empty() {
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, exports.adapter.call_close(accessor)).await;
+                    return Ok(Exit::Closed);
+                }
                 tokio::select! {
                     biased;
                     _ = closing.cancelled() => {
                         let _ = tokio::time::timeout(CLOSE_TIMEOUT, exports.adapter.call_close(accessor)).await;
                         return Ok(Exit::Closed);
                     }
+                    _ = retiring.cancelled(), if !draining => {
+                        // Later submissions fail here and go to the successor.
+                        rx.close();
+                        draining = true;
+                    }
                     Some(done) = inflight.next(), if !inflight.is_empty() => done?,
-                    received = rx.recv_many(&mut batch, JOBS_PER_WAKE) => {
+                    received = rx.recv_many(&mut batch, JOBS_PER_WAKE), if !drained => {
                         if received == 0 {
-                            // Every handle is gone: close.
-                            closing.cancel();
+                            if draining {
+                                drained = true;
+                            } else {
+                                // Every handle is gone: close.
+                                closing.cancel();
+                            }
                             continue;
                         }
                         for job in batch.drain(..) {

@@ -1,0 +1,182 @@
+//! JetStream through the core driver: its API is request/reply on `$JS.API.<call>` with JSON
+//! bodies, a stored publish is a request answered by a PubAck, and settlements are requests on
+//! the delivery's `$JS.ACK.…` subject. Calls that fail because the server is away (timeout,
+//! unavailable, JetStream not answering yet after a restart) are tried again for a while, so a
+//! server restart looks like a slow call, not an error.
+
+use serde_json::{Value, json};
+use wrpc_broker_guest::{Error, Headers, host};
+
+use crate::codec;
+use crate::wrpc::nats::client::{self, NatsError};
+use crate::{Config, nats_error};
+
+/// How long one JetStream request waits for its reply.
+const REQUEST_MS: u32 = 5_000;
+/// Pauses between tries of a call the server did not answer (≈ 15 s in all).
+const PATIENCE_MS: [u32; 14] = [
+    20, 50, 100, 200, 400, 800, 1000, 1000, 1000, 1500, 2000, 2000, 2500, 3000,
+];
+
+/// A JetStream error answer (`{"error": {code, err_code, description}}`).
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    /// HTTP-like code (404, 400, 503, …).
+    pub(crate) code: u64,
+    /// JetStream's own code (10059 stream not found, 10058 stream exists, 10014 consumer not
+    /// found, …).
+    pub(crate) err_code: u64,
+    /// The server's words.
+    pub(crate) description: String,
+}
+
+/// Why a JetStream call failed.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// JetStream answered with an error.
+    Api(ApiError),
+    /// The driver failed (after the retries for an absent server).
+    Nats(NatsError),
+}
+
+impl Fail {
+    /// As a broker error.
+    pub(crate) fn into_error(self, what: &str) -> Error {
+        match self {
+            Fail::Api(e) => Error::internal(format!(
+                "{what}: JetStream answered {} ({}): {}",
+                e.code, e.err_code, e.description
+            )),
+            Fail::Nats(e) => nats_error(e),
+        }
+    }
+
+    /// Whether JetStream said the stream does not exist.
+    pub(crate) fn stream_missing(&self) -> bool {
+        matches!(self, Fail::Api(e) if e.err_code == 10059)
+            || matches!(self, Fail::Nats(NatsError::NoResponders(_)))
+    }
+}
+
+/// Whether a driver error means "the server is away for now": worth another try.
+fn transient(e: &NatsError) -> bool {
+    matches!(
+        e,
+        NatsError::Timeout(_) | NatsError::Unavailable(_) | NatsError::NoResponders(_)
+    )
+}
+
+/// A request, tried again while the server is away. `no_responders_final`: a 503 is an answer
+/// (a publish to a subject no stream listens on), not a reason to wait.
+pub(crate) async fn request(
+    subject: &str,
+    headers: Headers,
+    payload: Vec<u8>,
+    no_responders_final: bool,
+) -> Result<client::Message, NatsError> {
+    let mut pauses = PATIENCE_MS.iter();
+    loop {
+        match client::request(subject.to_string(), headers.clone(), payload.clone(), REQUEST_MS).await {
+            Err(NatsError::NoResponders(m)) if no_responders_final => {
+                return Err(NatsError::NoResponders(m));
+            }
+            Err(e) if transient(&e) => match pauses.next() {
+                Some(pause) => host::sleep(*pause).await,
+                None => return Err(e),
+            },
+            answer => return answer,
+        }
+    }
+}
+
+/// Parse a JSON answer; an `error` member becomes [`Fail::Api`].
+fn answer(payload: &[u8]) -> Result<Value, Fail> {
+    let value: Value = serde_json::from_slice(payload).map_err(|e| {
+        Fail::Api(ApiError {
+            code: 500,
+            err_code: 0,
+            description: format!("unreadable JetStream answer: {e}"),
+        })
+    })?;
+    if let Some(error) = value.get("error") {
+        return Err(Fail::Api(ApiError {
+            code: error.get("code").and_then(Value::as_u64).unwrap_or(0),
+            err_code: error.get("err_code").and_then(Value::as_u64).unwrap_or(0),
+            description: error
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        }));
+    }
+    Ok(value)
+}
+
+/// Call `$JS.API.<call>` with a JSON body (none when `Null`).
+pub(crate) async fn api(call: &str, body: &Value) -> Result<Value, Fail> {
+    let payload = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    let reply = request(&format!("$JS.API.{call}"), Vec::new(), payload, false)
+        .await
+        .map_err(Fail::Nats)?;
+    answer(&reply.payload)
+}
+
+/// The stream `name`'s info, creating it with `config` (a JSON stream config) when missing.
+pub(crate) async fn stream_info_or_create(name: &str, config: impl Fn() -> Value) -> Result<Value, Fail> {
+    match api(&format!("STREAM.INFO.{name}"), &Value::Null).await {
+        Err(Fail::Api(e)) if e.err_code == 10059 => {}
+        other => return other,
+    }
+    match api(&format!("STREAM.CREATE.{name}"), &config()).await {
+        // Another instance created it meanwhile (with its own epoch in the description).
+        Err(Fail::Api(e)) if e.err_code == 10058 => {
+            api(&format!("STREAM.INFO.{name}"), &Value::Null).await
+        }
+        other => {
+            if other.is_ok() {
+                crate::debug(&format!("created stream {name}"));
+            }
+            other
+        }
+    }
+}
+
+/// The stream config shared by the streams this adapter creates.
+pub(crate) fn stream_config(config: &Config, name: &str, subject: &str, description: String) -> Value {
+    json!({
+        "name": name,
+        "subjects": [subject],
+        "description": description,
+        "storage": config.storage,
+        "num_replicas": config.replicas,
+        "discard": "old",
+        "duplicate_window": 120_000_000_000u64,
+    })
+}
+
+/// A stored publish: `(stream, seq)` from the PubAck. `NoResponders` when no stream takes the
+/// subject (the caller creates it and publishes again).
+pub(crate) async fn publish(
+    subject: &str,
+    stream: &str,
+    mut headers: Headers,
+    payload: Vec<u8>,
+) -> Result<u64, Fail> {
+    codec::push(&mut headers, codec::MSG_ID, host::generate_id());
+    codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
+    let reply = request(subject, headers, payload, true)
+        .await
+        .map_err(Fail::Nats)?;
+    let ack = answer(&reply.payload)?;
+    ack.get("seq").and_then(Value::as_u64).ok_or_else(|| {
+        Fail::Api(ApiError {
+            code: 500,
+            err_code: 0,
+            description: format!("a PubAck without seq: {ack}"),
+        })
+    })
+}

@@ -1,0 +1,257 @@
+//! `wrpc:nats/client` for components: each import is a thin call on the driver's
+//! `async_nats::Client`; a subscription becomes a guest-read stream fed in batches.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue, Subscriber};
+use futures::Stream;
+use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
+
+use super::{NatsDriver, faults};
+use crate::runtime::sandbox::Ctx;
+use crate::runtime::streams::{BatchProducer, PollBatch};
+
+wasmtime::component::bindgen!({
+    inline: "package wrpc:host-nats; world driver { import wrpc:nats/client@0.1.0; }",
+    path: "../wit/nats",
+    imports: { default: trappable },
+});
+
+use wrpc::nats::client as wit;
+
+/// How long `subscribe` and `flush` wait for the server's PONG.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Link `wrpc:nats/client` into `linker`.
+pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
+    wit::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)
+}
+
+impl Ctx {
+    fn nats(&mut self) -> wasmtime::Result<NatsDriver> {
+        self.progress();
+        self.drivers
+            .nats
+            .clone()
+            .ok_or_else(|| wasmtime::Error::msg("the NATS driver is not configured for this adapter"))
+    }
+}
+
+/// The driver lent to the calling component (and a fresh CPU slice: the guest returned).
+fn nats_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<NatsDriver> {
+    accessor.with(|mut access| access.get().nats())
+}
+
+/// The guest returned to the host once more (after an await).
+fn progress<T>(accessor: &Accessor<T, HasSelf<Ctx>>) {
+    accessor.with(|mut access| access.get().progress());
+}
+
+/// WIT headers as a NATS header map; a name or value NATS cannot carry is a bad request.
+fn header_map(headers: wit::Headers) -> Result<Option<HeaderMap>, wit::NatsError> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let bad = |what: &str| wit::NatsError::BadRequest(format!("header `{name}`: {what}"));
+        let header: HeaderName = name.parse().map_err(|_| bad("not a valid NATS header name"))?;
+        let text = String::from_utf8(value).map_err(|_| bad("value is not UTF-8"))?;
+        let value: HeaderValue = text.parse().map_err(|_| bad("value holds CR or LF"))?;
+        map.append(header, value);
+    }
+    Ok(Some(map))
+}
+
+/// A NATS message as the WIT record.
+fn message(m: async_nats::Message) -> wit::Message {
+    let headers = m
+        .headers
+        .iter()
+        .flat_map(|map| map.iter())
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |v| (name.to_string(), v.as_str().as_bytes().to_vec()))
+        })
+        .collect();
+    wit::Message {
+        subject: m.subject.to_string(),
+        reply: m.reply.map(|r| r.to_string()),
+        headers,
+        payload: m.payload.to_vec(),
+        status: m.status.map(|s| s.as_u16()),
+        description: m.description.unwrap_or_default(),
+    }
+}
+
+/// Fail with `refused` when a test armed a refusal for `subject`.
+fn check_faults(subject: &str) -> Result<(), wit::NatsError> {
+    if faults::refuse(subject) {
+        return Err(wit::NatsError::Refused(format!(
+            "{subject}: refused by fault injection"
+        )));
+    }
+    Ok(())
+}
+
+/// A subscription as a batch source for a guest-read stream.
+struct Subscription(Subscriber);
+
+impl PollBatch for Subscription {
+    type Item = async_nats::Message;
+    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>> {
+        let mut batch = Vec::new();
+        while batch.len() < max {
+            match Pin::new(&mut self.0).poll_next(cx) {
+                Poll::Ready(Some(m)) => batch.push(m),
+                Poll::Ready(None) if batch.is_empty() => return Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        if batch.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Some(batch))
+        }
+    }
+}
+
+/// Wait for the server's PONG, bounded by [`FLUSH_TIMEOUT`].
+async fn flush(client: &async_nats::Client) -> Result<(), wit::NatsError> {
+    match tokio::time::timeout(FLUSH_TIMEOUT, client.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(wit::NatsError::Unavailable(format!("flush: {e}"))),
+        Err(_) => Err(wit::NatsError::Timeout(format!(
+            "no PONG from the server within {FLUSH_TIMEOUT:?}"
+        ))),
+    }
+}
+
+impl wit::Host for Ctx {
+    fn new_inbox(&mut self) -> wasmtime::Result<String> {
+        Ok(self.nats()?.client.new_inbox())
+    }
+}
+
+impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
+    async fn publish(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        headers: wit::Headers,
+        payload: Vec<u8>,
+        reply: Option<String>,
+    ) -> wasmtime::Result<Result<(), wit::NatsError>> {
+        let driver = nats_of(accessor)?;
+        let publish = async {
+            check_faults(&subject)?;
+            let headers = header_map(headers)?.unwrap_or_default();
+            let client = &driver.client;
+            let sent = match reply {
+                Some(reply) => {
+                    client
+                        .publish_with_reply_and_headers(subject, reply, headers, payload.into())
+                        .await
+                }
+                None => {
+                    client
+                        .publish_with_headers(subject, headers, payload.into())
+                        .await
+                }
+            };
+            sent.map_err(|e| match e.kind() {
+                async_nats::client::PublishErrorKind::InvalidSubject
+                | async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                    wit::NatsError::BadRequest(e.to_string())
+                }
+                _ => wit::NatsError::Unavailable(e.to_string()),
+            })
+        };
+        let result = publish.await;
+        progress(accessor);
+        Ok(result)
+    }
+
+    async fn subscribe(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        queue_group: Option<String>,
+    ) -> wasmtime::Result<Result<StreamReader<wit::Message>, wit::NatsError>> {
+        let driver = nats_of(accessor)?;
+        let client = &driver.client;
+        let subscribed = match queue_group {
+            Some(group) => client.queue_subscribe(subject, group).await,
+            None => client.subscribe(subject).await,
+        };
+        let subscriber = match subscribed {
+            Ok(s) => s,
+            Err(e) => {
+                progress(accessor);
+                return Ok(Err(wit::NatsError::BadRequest(e.to_string())));
+            }
+        };
+        let flushed = flush(client).await;
+        progress(accessor);
+        if let Err(e) = flushed {
+            return Ok(Err(e));
+        }
+        let stream = accessor.with(|mut access| {
+            StreamReader::new(
+                &mut access,
+                BatchProducer::new(Subscription(subscriber), message),
+            )
+        })?;
+        Ok(Ok(stream))
+    }
+
+    async fn request(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        headers: wit::Headers,
+        payload: Vec<u8>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<wit::Message, wit::NatsError>> {
+        let driver = nats_of(accessor)?;
+        let request = async {
+            check_faults(&subject)?;
+            let mut request = async_nats::Request::new()
+                .payload(payload.into())
+                .timeout(Some(Duration::from_millis(u64::from(timeout_ms.max(1)))));
+            if let Some(headers) = header_map(headers)? {
+                request = request.headers(headers);
+            }
+            driver
+                .client
+                .send_request(subject.clone(), request)
+                .await
+                .map(message)
+                .map_err(|e| {
+                    use async_nats::client::RequestErrorKind as Kind;
+                    match e.kind() {
+                        Kind::NoResponders => {
+                            wit::NatsError::NoResponders(format!("{subject}: no responders"))
+                        }
+                        Kind::TimedOut => wit::NatsError::Timeout(format!(
+                            "{subject}: no reply within {timeout_ms} ms"
+                        )),
+                        Kind::InvalidSubject | Kind::MaxPayloadExceeded => {
+                            wit::NatsError::BadRequest(format!("{subject}: {e}"))
+                        }
+                        _ => wit::NatsError::Unavailable(format!("{subject}: {e}")),
+                    }
+                })
+        };
+        let result = request.await;
+        progress(accessor);
+        Ok(result)
+    }
+
+    async fn flush(accessor: &Accessor<T, Self>) -> wasmtime::Result<Result<(), wit::NatsError>> {
+        let driver = nats_of(accessor)?;
+        let result = flush(&driver.client).await;
+        progress(accessor);
+        Ok(result)
+    }
+}

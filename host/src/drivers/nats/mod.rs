@@ -1,0 +1,58 @@
+//! The `wrpc:nats` driver: one `async-nats` connection per configured broker, lent to the NATS
+//! adapter component as `wrpc:nats/client` (core publish, subscribe with queue groups, request,
+//! all with headers). JetStream needs nothing more: its API is request/reply on `$JS.API.*` and
+//! its acknowledgements are publishes to `$JS.ACK.*`, which the adapter drives itself. A
+//! process-wide fault hook ([`NatsDriver::refuse_next`]) lets tests make chosen publishes and
+//! requests fail, since a real server never refuses on cue.
+
+mod bindings;
+mod faults;
+
+use std::time::Duration;
+
+pub use bindings::add_to_linker;
+
+/// The WIT interface this driver provides.
+pub const INTERFACE: &str = "wrpc:nats/client";
+
+/// The NATS adapter component, built from `adapters/nats` and shipped inside the host.
+pub static ADAPTER: &[u8] = include_bytes!(env!("WRPC_NATS_COMPONENT"));
+
+/// How long [`NatsDriver::connect`] waits for the server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to one NATS server (cluster), shared by clones. It reconnects on its own after
+/// the server goes away, re-subscribing every live subscription.
+#[derive(Clone, Debug)]
+pub struct NatsDriver {
+    client: async_nats::Client,
+}
+
+impl NatsDriver {
+    /// Connect to the server at `url` (`nats://host:port`, several separated by commas).
+    pub async fn connect(url: &str) -> crate::Result<NatsDriver> {
+        let options = async_nats::ConnectOptions::new()
+            .connection_timeout(CONNECT_TIMEOUT)
+            .request_timeout(Some(Duration::from_secs(10)))
+            // A restarted server is found again quickly: 0, 50, 100 … up to 1 s between tries.
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis((attempts as u64 * 50).min(1000))
+            });
+        let client = async_nats::connect_with_options(url, options)
+            .await
+            .map_err(|e| crate::Error::Unavailable(format!("cannot connect to NATS at {url}: {e}")))?;
+        Ok(NatsDriver { client })
+    }
+
+    /// The native client (the bench compares against it).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// Fault injection for tests: the next `count` publishes or requests, on any driver of this
+    /// process, whose subject starts with `subject_prefix` fail with `refused` (the JetStream
+    /// settlement subjects are `$JS.ACK.<stream>.…`). Refusals add up per prefix.
+    pub fn refuse_next(subject_prefix: &str, count: u32) {
+        faults::refuse_next(subject_prefix, count);
+    }
+}

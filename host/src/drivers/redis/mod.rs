@@ -1,0 +1,86 @@
+//! The `wrpc:redis` driver: the only code that talks to a Redis server (or Valkey, KeyDB,
+//! Dragonfly: anything that speaks RESP). It is deliberately small and generic — a command as a
+//! list of byte strings and its reply as flat RESP frames, a blocking command on a dedicated
+//! pooled connection, a pub/sub stream that starts once the server confirmed — so every Redis
+//! semantic (keys, scripts, consumer groups, ids) lives in the adapter component.
+//!
+//! Shaped like Spin's host factors: [`RedisConfig`] (what the operator configured), the
+//! connection state shared by every instance of one broker ([`connection`]), the pub/sub
+//! streams ([`pubsub`]) and the WIT implementation ([`bindings`]).
+
+mod bindings;
+mod connection;
+mod pubsub;
+
+use std::sync::Arc;
+
+pub use bindings::add_to_linker;
+use connection::Connections;
+
+/// The WIT interface this driver provides.
+pub const INTERFACE: &str = "wrpc:redis/client";
+
+/// The Redis adapter component, built from `adapters/redis` and shipped inside the host.
+pub static ADAPTER: &[u8] = include_bytes!(env!("WRPC_REDIS_COMPONENT"));
+
+/// What the operator configured: the server's URL, nothing else.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://[user:pass@]host:port[/db]` or `rediss://…`.
+    pub url: String,
+}
+
+/// A connection to one Redis server, lent to the adapter instances of one broker. Clones share
+/// the connections; the shared multiplexed connection is re-established after a loss.
+#[derive(Clone)]
+pub struct RedisDriver {
+    config: RedisConfig,
+    conns: Arc<Connections>,
+}
+
+impl std::fmt::Debug for RedisDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisDriver")
+            .field("url", &self.config.url)
+            .field("generation", &self.conns.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisDriver {
+    /// Connect to the server at `url` (the first connection is made now, so a wrong URL or a
+    /// server that is down fails here with `unavailable`).
+    pub async fn connect(url: &str) -> crate::Result<RedisDriver> {
+        let config = RedisConfig { url: url.to_string() };
+        let conns = Connections::open(&config)
+            .map_err(|e| crate::Error::BadRequest(format!("redis URL `{url}`: {e:?}")))?;
+        conns
+            .shared()
+            .await
+            .map_err(|e| crate::Error::Unavailable(format!("redis at `{url}`: {e:?}")))?;
+        Ok(RedisDriver {
+            config,
+            conns: Arc::new(conns),
+        })
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// How many times the shared connection has been established (1 after `connect`).
+    pub fn generation(&self) -> u64 {
+        self.conns.generation()
+    }
+
+    /// Fault injection for tests: the next `count` commands whose text matches `pattern` fail
+    /// with `refused` without being sent. A command's text is its arguments joined by single
+    /// spaces (bytes read as lossy UTF-8); `pattern` is a glob over the whole text where `*`
+    /// matches any run of characters and `?` any one character. A real server never refuses on
+    /// cue; this stands in for one that does. The rule applies to every driver connected to the
+    /// same URL in this process (each host instance connects its own).
+    pub fn refuse_next(&self, pattern: &str, count: u32) {
+        self.conns.faults.refuse_next(pattern, count);
+    }
+}

@@ -1,0 +1,298 @@
+//! The contract suite against the NATS adapter (the component embedded in the host with the
+//! `nats` feature) on a real `nats-server -js` at 127.0.0.1:4222, plus a restart test on a
+//! server of its own. A missing server fails these tests: they are never skipped.
+//!
+//! Each test function works under a prefix of its own and deletes its streams at the end, so
+//! runs leave nothing behind on the shared server. Refused settlements come from the driver's
+//! fault hook ([`NatsDriver::refuse_next`]) on the queue's `$JS.ACK.<stream>.` subjects.
+
+use std::collections::BTreeSet;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use wrpc_broker::drivers::nats::NatsDriver;
+use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, Delivery, ProduceOptions, ReadFrom};
+use wrpc_broker_contract::{Factory, Outcome, RunOptions, any_failed, report, run};
+
+/// The shared server the suite runs against.
+const URL: &str = "nats://127.0.0.1:4222";
+/// The port of the restart test's own server.
+const RESTART_PORT: u16 = 4233;
+
+/// A fresh prefix (namespace of every subject and stream a test makes).
+fn fresh_prefix() -> String {
+    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// Fail clearly when no server listens at `port`.
+fn require_server(port: u16) {
+    if TcpStream::connect(("127.0.0.1", port)).is_err() {
+        panic!(
+            "no NATS server at 127.0.0.1:{port}: start `nats-server -js -a 127.0.0.1 -p {port}` \
+             (the NATS contract tests never skip)"
+        );
+    }
+}
+
+/// Host instances of the NATS adapter at `url`, all under `prefix`, with refusals on cue.
+fn nats_factory(url: &'static str, prefix: &str, extra: Vec<(String, String)>) -> Factory {
+    let (open_prefix, refuse_prefix) = (prefix.to_string(), prefix.to_string());
+    Factory::new(move |options| {
+        let (prefix, extra) = (open_prefix.clone(), extra.clone());
+        async move {
+            Ok(Broker::builder()
+                .url(url)?
+                .option("prefix", prefix)
+                .options(extra)
+                .options(options)
+                .open()
+                .await?)
+        }
+    })
+    .with_settlement_refusals(move |queue, count| {
+        // Queue names in the suite are `[A-Za-z0-9-]`, which the stream name keeps as is.
+        NatsDriver::refuse_next(&format!("$JS.ACK.{refuse_prefix}_q_{queue}."), count)
+    })
+}
+
+/// Delete every stream under `prefix` on the server at `url`.
+async fn delete_streams(url: &str, prefix: &str) {
+    let Ok(driver) = NatsDriver::connect(url).await else {
+        return;
+    };
+    let client = driver.client();
+    let filter = format!("{{\"subject\":\"{prefix}.>\"}}");
+    let Ok(answer) = client
+        .request("$JS.API.STREAM.NAMES", filter.into_bytes().into())
+        .await
+    else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&answer.payload).into_owned();
+    let Some(list) = text
+        .split_once("\"streams\":[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list.to_string())
+    else {
+        return;
+    };
+    for name in list.split(',').map(|n| n.trim().trim_matches('"')) {
+        if name.starts_with(&format!("{prefix}_")) {
+            let _ = client
+                .request(format!("$JS.API.STREAM.DELETE.{name}"), "".into())
+                .await;
+        }
+    }
+}
+
+/// Run the suite's tests whose name contains `filter` against the shared server.
+async fn suite(filter: &str) -> Vec<Outcome> {
+    require_server(4222);
+    let prefix = fresh_prefix();
+    let factory = nats_factory(URL, &prefix, Vec::new());
+    let options = RunOptions {
+        filter: Some(filter),
+        stop_on_failure: false,
+    };
+    let outcomes = run(&factory, options, |_, _, _| {})
+        .await
+        .expect("the suite runs");
+    delete_streams(URL, &prefix).await;
+    outcomes
+}
+
+fn check(outcomes: &[Outcome]) {
+    println!("{}", report(outcomes));
+    assert!(!outcomes.is_empty());
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| !matches!(o.verdict, wrpc_broker_contract::Verdict::Skipped(_))),
+        "nothing may be skipped on NATS:\n{}",
+        report(outcomes)
+    );
+    assert!(!any_failed(outcomes), "{}", report(outcomes));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_contract_on_nats() {
+    check(&suite("log/").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_contract_on_nats() {
+    check(&suite("queue/").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_contract_on_nats() {
+    check(&suite("direct/").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backplane_contract_on_nats() {
+    check(&suite("backplane/").await);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restart
+
+/// A `nats-server -js` of the test's own, on [`RESTART_PORT`] with its own store directory.
+struct OwnServer {
+    child: Option<Child>,
+    store: PathBuf,
+}
+
+impl OwnServer {
+    fn start() -> Self {
+        let store = std::env::temp_dir().join(format!("wrpc-nats-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&store).expect("a store directory");
+        let mut server = OwnServer { child: None, store };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let binary = ["nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").output().is_ok())
+            .expect("nats-server is installed (the NATS tests never skip)");
+        let child = Command::new(binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &RESTART_PORT.to_string(), "-sd"])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not open port {RESTART_PORT}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kill the server (SIGKILL: no goodbye) and start it again on the same store.
+    fn restart(&mut self) {
+        self.kill();
+        std::thread::sleep(Duration::from_millis(300));
+        self.spawn();
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_loses_nothing() {
+    if TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_ok() {
+        panic!("port {RESTART_PORT} is taken: the restart test needs it for its own server");
+    }
+    let mut server = OwnServer::start();
+    let url: &'static str = "nats://127.0.0.1:4233";
+    let factory = nats_factory(url, "wrpc", vec![("queue.ackWaitMs".into(), "2000".into())]);
+    let broker = factory.instance().await.expect("a host instance");
+    let other = factory.instance().await.expect("a second host instance");
+
+    // A log read and a queue run, both mid-way when the server goes down.
+    let log = broker.log().unwrap();
+    for chunk in 0..3 {
+        let records = (chunk * 100..(chunk + 1) * 100)
+            .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
+            .collect();
+        log.append_batch("restart-log", records).await.expect("appends");
+    }
+    let mut reader = other.log().unwrap().read("restart-log", ReadFrom::Earliest).await.expect("a reader");
+    let mut read = Vec::new();
+    while read.len() < 150 {
+        let entry = tokio::time::timeout(Duration::from_secs(10), reader.next())
+            .await
+            .expect("entries before the restart")
+            .expect("the reader is live")
+            .expect("an entry");
+        read.push(String::from_utf8_lossy(&entry.value).into_owned());
+    }
+
+    let queue = broker.queue().unwrap();
+    let messages = (0..300).map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default())).collect();
+    queue.produce_batch("restart-queue", messages).await.expect("produce");
+    let handled: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for host in [&broker, &other] {
+        let handled = handled.clone();
+        consumers.push(
+            host.queue()
+                .unwrap()
+                .consume(
+                    "restart-queue",
+                    move |d: Delivery| {
+                        let handled = handled.clone();
+                        async move {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            handled.lock().unwrap().insert(String::from_utf8_lossy(&d.body).into_owned());
+                            Ok(())
+                        }
+                    },
+                    ConsumeOptions { prefetch: 8, dead_letter: None },
+                )
+                .await
+                .expect("a consumer"),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handled.lock().unwrap().len() < 50 {
+        assert!(Instant::now() < deadline, "the queue run did not start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = handled.lock().unwrap().len();
+    server.restart();
+    println!("restarted the server with {before} of 300 messages handled and 150 of 300 entries read");
+
+    // After the restart: more work and more entries, through the same handles.
+    let messages = (300..400).map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default())).collect();
+    queue.produce_batch("restart-queue", messages).await.expect("produce after the restart");
+    let records = (300..400)
+        .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
+        .collect();
+    log.append_batch("restart-log", records).await.expect("appends after the restart");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handled.lock().unwrap().len() < 400 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 400 messages handled after the restart",
+            handled.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in &consumers {
+        c.stop().await;
+    }
+    while read.len() < 400 {
+        let entry = tokio::time::timeout(Duration::from_secs(30), reader.next())
+            .await
+            .unwrap_or_else(|_| panic!("entry {} of 400 after the restart", read.len()))
+            .expect("the reader is live")
+            .expect("an entry");
+        read.push(String::from_utf8_lossy(&entry.value).into_owned());
+    }
+    let expected: Vec<String> = (0..400).map(|i| format!("v{i}")).collect();
+    assert_eq!(read, expected, "the log read across the restart: every entry once, in order");
+    let all: BTreeSet<String> = (0..400).map(|i| format!("m{i}")).collect();
+    assert_eq!(*handled.lock().unwrap(), all, "every message handled across the restart");
+}
