@@ -22,21 +22,52 @@ const MUTANTS: &[&str] = &[
 fn main() {
     rerun_if_sources_change();
     let features: Vec<[String; 1]> = MUTANTS.iter().map(|m| [format!("mutant-{m}")]).collect();
-    let names: Vec<String> = MUTANTS.iter().map(|m| format!("mutant_{}", m.replace('-', "_"))).collect();
+    let names: Vec<String> = MUTANTS
+        .iter()
+        .map(|m| format!("mutant_{}", m.replace('-', "_")))
+        .collect();
     let feature_refs: Vec<[&str; 1]> = features.iter().map(|[f]| [f.as_str()]).collect();
     let mut builds = vec![
-        Build { package: "wrpc-adapter-memory", features: &[], name: "memory" },
-        Build { package: "wrpc-test-probe", features: &[], name: "probe" },
-        Build { package: "wrpc-test-probe", features: &["only-log"], name: "probe_only_log" },
-        Build { package: "wrpc-test-probe", features: &["forbidden-import"], name: "probe_forbidden_import" },
-        Build { package: "wrpc-adapter-memory", features: &["chaos-trap-every-500"], name: "memory_chaos" },
+        Build {
+            package: "wrpc-adapter-memory",
+            features: &[],
+            name: "memory",
+        },
+        Build {
+            package: "wrpc-test-probe",
+            features: &[],
+            name: "probe",
+        },
+        Build {
+            package: "wrpc-test-probe",
+            features: &["only-log"],
+            name: "probe_only_log",
+        },
+        Build {
+            package: "wrpc-test-probe",
+            features: &["forbidden-import"],
+            name: "probe_forbidden_import",
+        },
+        Build {
+            package: "wrpc-adapter-memory",
+            features: &["chaos-trap-every-500"],
+            name: "memory_chaos",
+        },
     ];
     for (features, name) in feature_refs.iter().zip(&names) {
-        builds.push(Build { package: "wrpc-adapter-memory", features, name });
+        builds.push(Build {
+            package: "wrpc-adapter-memory",
+            features,
+            name,
+        });
     }
     let paths = build_all(&builds);
     for (build, path) in builds.iter().zip(&paths) {
-        println!("cargo:rustc-env=WRPC_COMPONENT_{}={}", build.name.to_uppercase(), path.display());
+        println!(
+            "cargo:rustc-env=WRPC_COMPONENT_{}={}",
+            build.name.to_uppercase(),
+            path.display()
+        );
     }
     let mut list = String::from("&[\n");
     for (mutant, path) in MUTANTS.iter().zip(&paths[builds.len() - MUTANTS.len()..]) {

@@ -24,13 +24,19 @@ pub static MEMORY_COMPONENT: &[u8] = include_bytes!(env!("WRPC_MEMORY_COMPONENT"
 #[derive(Debug, Clone)]
 enum ComponentSource {
     /// An adapter shipped inside the host binary.
-    Embedded { name: &'static str, bytes: &'static [u8] },
+    Embedded {
+        name: &'static str,
+        bytes: &'static [u8],
+    },
     File(PathBuf),
 }
 
 impl ComponentSource {
     fn embedded_memory() -> Self {
-        ComponentSource::Embedded { name: "embedded memory adapter", bytes: MEMORY_COMPONENT }
+        ComponentSource::Embedded {
+            name: "embedded memory adapter",
+            bytes: MEMORY_COMPONENT,
+        }
     }
 }
 
@@ -155,13 +161,18 @@ impl BrokerBuilder {
     /// gets a fresh one).
     async fn connect_drivers(&self) -> Result<DriverConnections> {
         let memory = match (&self.source, &self.memory) {
-            (ComponentSource::Embedded { bytes, .. }, None) if std::ptr::eq(*bytes, MEMORY_COMPONENT) => {
+            (ComponentSource::Embedded { bytes, .. }, None)
+                if std::ptr::eq(*bytes, MEMORY_COMPONENT) =>
+            {
                 Some(MemoryStore::new())
             }
             (_, memory) => memory.clone(),
         };
         #[cfg_attr(not(any(feature = "redis", feature = "nats")), allow(unused_mut))]
-        let mut drivers = DriverConnections { memory, ..Default::default() };
+        let mut drivers = DriverConnections {
+            memory,
+            ..Default::default()
+        };
         #[cfg(feature = "redis")]
         if let Some(url) = &self.redis_url {
             drivers.redis = Some(crate::drivers::redis::RedisDriver::connect(url).await?);
@@ -172,7 +183,9 @@ impl BrokerBuilder {
         }
         for (url, scheme) in [(&self.redis_url, "redis"), (&self.nats_url, "nats")] {
             if url.is_some() && !supported_schemes().contains(&scheme) {
-                return Err(Error::BadRequest(format!("this build has no {scheme} driver (cargo feature `{scheme}`)")));
+                return Err(Error::BadRequest(format!(
+                    "this build has no {scheme} driver (cargo feature `{scheme}`)"
+                )));
             }
         }
         Ok(drivers)
@@ -187,7 +200,9 @@ impl BrokerBuilder {
         };
         let drivers = self.connect_drivers().await?;
         let component = match &self.source {
-            ComponentSource::Embedded { name, bytes } => runtime.load_bytes(name, bytes, &drivers)?,
+            ComponentSource::Embedded { name, bytes } => {
+                runtime.load_bytes(name, bytes, &drivers)?
+            }
             ComponentSource::File(path) => runtime.load_file(path, &drivers)?,
         };
         let component = Arc::new(component);
@@ -233,7 +248,10 @@ impl AdapterSlot {
 
     /// Point every later call at `instance`; returns the one it replaces.
     fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
-        std::mem::replace(&mut *self.current.write().unwrap_or_else(|e| e.into_inner()), instance)
+        std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            instance,
+        )
     }
 
     /// Run `call` on the current adapter, and again on its replacement (up to
@@ -249,7 +267,10 @@ impl AdapterSlot {
             match call(self.current()).await {
                 Err(Error::Trapped(why)) if attempt < TRAP_RETRIES => {
                     attempt += 1;
-                    tracing::debug!(attempt, "the adapter trapped under a call; trying it again: {why}");
+                    tracing::debug!(
+                        attempt,
+                        "the adapter trapped under a call; trying it again: {why}"
+                    );
                 }
                 answer => return answer,
             }
@@ -361,7 +382,11 @@ impl Broker {
 
     /// The loaded component (source, size, cache origin, load time, imports).
     pub fn component(&self) -> Arc<AdapterComponent> {
-        self.inner.component.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner
+            .component
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Replace the adapter under this running host with the component in `path` (a new version
@@ -379,7 +404,11 @@ impl Broker {
         let started = std::time::Instant::now();
         let _one_at_a_time = self.inner.swapping.lock().await;
         let old = self.inner.slot.current();
-        let component = Arc::new(self.inner.runtime.load_file(path, &self.inner.config.drivers)?);
+        let component = Arc::new(
+            self.inner
+                .runtime
+                .load_file(path, &self.inner.config.drivers)?,
+        );
         let missing: Vec<&str> = old
             .capabilities()
             .names()
@@ -393,15 +422,27 @@ impl Broker {
             )));
         }
         let mut config = self.inner.config.clone();
-        config.options = options.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
-        let new = AdapterInstance::start_at(component.clone(), config, old.generation() + 1).await?;
+        config.options = options
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let new =
+            AdapterInstance::start_at(component.clone(), config, old.generation() + 1).await?;
         let ready = started.elapsed();
         self.inner.slot.replace(new.clone());
-        *self.inner.component.write().unwrap_or_else(|e| e.into_inner()) = component;
+        *self
+            .inner
+            .component
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = component;
         self.inner.queues.switch_all().await;
         old.retire(new.clone());
         old.finished().await;
-        Ok(SwapReport { generation: new.generation(), ready, total: started.elapsed() })
+        Ok(SwapReport {
+            generation: new.generation(),
+            ready,
+            total: started.elapsed(),
+        })
     }
 
     /// The live adapter instance, for raw calls to its exports (the contract suite checks an

@@ -120,7 +120,8 @@ fn check_address(address: &str) -> Result<()> {
     Ok(())
 }
 
-/// Send `packet` to `address` through the adapter in `slot`.
+/// Send `packet` to `address` through the adapter in `slot`. A send the adapter trapped under
+/// is not tried again: it may have reached the broker, and direct is at most once.
 async fn send_packet(
     slot: &AdapterSlot,
     address: &str,
@@ -168,13 +169,18 @@ impl AdapterListener {
 
     /// Listen on the adapter now; returns once the broker routes packets to it.
     async fn listen(&self) -> Result<Session> {
-        let adapter = self.slot.current();
-        let (id, packets) = adapter
-            .direct_listen(self.address.clone(), self.group.clone())
+        let (generation, id, packets) = self
+            .slot
+            .retry_trapped(|adapter| {
+                let (address, group) = (self.address.clone(), self.group.clone());
+                async move {
+                    let (id, packets) = adapter.direct_listen(address, group).await?;
+                    // Read after the call: a call queued while a trapped instance was being
+                    // replaced runs on the new one, whose generation is published first.
+                    Ok((adapter.generation(), id, packets))
+                }
+            })
             .await?;
-        // Read after the call: a call queued while a trapped instance was being replaced runs
-        // on the new one, and the generation is published before the new one takes calls.
-        let generation = adapter.generation();
         self.set_current(Some((generation, id)));
         Ok(Session {
             generation,
@@ -184,20 +190,27 @@ impl AdapterListener {
     }
 
     /// The packet stream of `ended` ended without a stop: release what is left of it and listen
-    /// again after a pause (50 ms, doubling to 1 s while it fails), until that works. `None` when `stopping` fired or the adapter was
+    /// again (at once if another instance already serves, else after a pause of 50 ms doubling
+    /// to 1 s while it fails), until that works. `None` when `stopping` fired or the adapter was
     /// closed.
     async fn relisten(&self, ended: Session, stopping: &CancellationToken) -> Option<Session> {
         // The old adapter listener is not stopped: after a trap its id may already name a
         // listener of the new instance (ids are per instance).
         self.set_current(None);
+        // Another instance already serves (a hot-swap replaced this one): listen there at once.
+        let mut pause = if self.slot.current().generation() == ended.generation {
+            RELISTEN_PAUSE
+        } else {
+            Duration::ZERO
+        };
         drop(ended);
-        let mut pause = RELISTEN_PAUSE;
         loop {
             tokio::select! {
+                biased;
                 _ = stopping.cancelled() => return None,
                 _ = tokio::time::sleep(pause) => {}
             }
-            pause = (pause * 2).min(MAX_RELISTEN_PAUSE);
+            pause = (pause * 2).clamp(RELISTEN_PAUSE, MAX_RELISTEN_PAUSE);
             match self.listen().await {
                 Ok(session) => {
                     tracing::debug!(address = %self.address, group = ?self.group, "listening again");
@@ -258,7 +271,9 @@ struct ReplyInbox {
 impl ReplyInbox {
     /// Make an address, listen on it, and route replies until `stopping` fires.
     async fn start(slot: Arc<AdapterSlot>) -> Result<Arc<Self>> {
-        let address = slot.current().direct_inbox().await?;
+        let address = slot
+            .retry_trapped(|adapter| async move { adapter.direct_inbox().await })
+            .await?;
         let inbox = Arc::new(ReplyInbox {
             listener: AdapterListener::new(slot, &address, None),
             pending: Mutex::new(HashMap::new()),
@@ -385,7 +400,10 @@ impl Direct {
     /// A fresh, unique address the broker routes to (the adapter mints it). Listen on it, or
     /// hand it to a peer as `reply_to`.
     pub async fn inbox(&self) -> Result<String> {
-        self.inner.slot.current().direct_inbox().await
+        self.inner
+            .slot
+            .retry_trapped(|adapter| async move { adapter.direct_inbox().await })
+            .await
     }
 
     /// Send `packet` to `address`, at most once. [`Error::Unavailable`] (503) when the broker

@@ -18,9 +18,10 @@ pub mod broker;
 pub mod direct;
 pub mod log;
 pub mod queue;
+pub mod watch;
 
 pub use backplane::{Backplane, Subscription};
-pub use broker::{Broker, BrokerBuilder};
+pub use broker::{Broker, BrokerBuilder, SwapReport};
 pub use direct::{Direct, Incoming, ListenOptions, Listener, Packet, SendOptions};
 pub use drivers::memory::MemoryStore;
 pub use log::{AppendOptions, Entry, Log, Position, ReadFrom, Reader};

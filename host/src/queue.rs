@@ -58,7 +58,10 @@ pub struct ConsumeOptions {
 
 impl Default for ConsumeOptions {
     fn default() -> Self {
-        Self { prefetch: 16, dead_letter: None }
+        Self {
+            prefetch: 16,
+            dead_letter: None,
+        }
     }
 }
 
@@ -91,7 +94,11 @@ pub(crate) struct Queues {
 
 impl Queues {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
-        Self { slot, producers: Mutex::new(HashMap::new()), consumers: Mutex::new(Vec::new()) }
+        Self {
+            slot,
+            producers: Mutex::new(HashMap::new()),
+            consumers: Mutex::new(Vec::new()),
+        }
     }
 
     /// Move every live consumer to the slot's current adapter: each drains its session on the
@@ -125,7 +132,11 @@ impl Queues {
 }
 
 /// One batcher per queue: every produce waiting goes out in one adapter call, in order.
-async fn run_producer(slot: Arc<AdapterSlot>, queue: String, mut rx: mpsc::Receiver<ProduceRequest>) {
+async fn run_producer(
+    slot: Arc<AdapterSlot>,
+    queue: String,
+    mut rx: mpsc::Receiver<ProduceRequest>,
+) {
     let mut waiting = Vec::with_capacity(MAX_PRODUCE_BATCH);
     while rx.recv_many(&mut waiting, MAX_PRODUCE_BATCH).await > 0 {
         let (messages, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
@@ -143,7 +154,8 @@ async fn run_producer(slot: Arc<AdapterSlot>, queue: String, mut rx: mpsc::Recei
 
 /// A handler: gets each delivery, may settle it; `Ok` without a settlement acks it, `Err` (or a
 /// panic) retries it after a backoff.
-type Handler = dyn Fn(Delivery) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync;
+type Handler =
+    dyn Fn(Delivery) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync;
 
 /// The queue capability of one broker.
 #[derive(Clone)]
@@ -163,8 +175,16 @@ impl Queue {
     }
 
     /// Put `body` on `queue`. Returns once the broker has it. Concurrent produces are batched.
-    pub async fn produce(&self, queue: &str, body: impl Into<Vec<u8>>, options: ProduceOptions) -> Result<()> {
-        let message = wit::Message { body: body.into(), headers: options.headers };
+    pub async fn produce(
+        &self,
+        queue: &str,
+        body: impl Into<Vec<u8>>,
+        options: ProduceOptions,
+    ) -> Result<()> {
+        let message = wit::Message {
+            body: body.into(),
+            headers: options.headers,
+        };
         let (tx, rx) = oneshot::channel();
         self.inner
             .queues
@@ -172,14 +192,22 @@ impl Queue {
             .send((message, tx))
             .await
             .map_err(|_| Error::Closed("the queue was closed".into()))?;
-        rx.await.map_err(|_| Error::Closed("the queue was closed".into()))?
+        rx.await
+            .map_err(|_| Error::Closed("the queue was closed".into()))?
     }
 
     /// Put several messages on `queue`, in order, in one adapter call.
-    pub async fn produce_batch(&self, queue: &str, messages: Vec<(Vec<u8>, ProduceOptions)>) -> Result<()> {
+    pub async fn produce_batch(
+        &self,
+        queue: &str,
+        messages: Vec<(Vec<u8>, ProduceOptions)>,
+    ) -> Result<()> {
         let batch = messages
             .into_iter()
-            .map(|(body, o)| wit::Message { body, headers: o.headers })
+            .map(|(body, o)| wit::Message {
+                body,
+                headers: o.headers,
+            })
             .collect();
         let batch: Vec<wit::Message> = batch;
         self.inner
@@ -193,7 +221,12 @@ impl Queue {
 
     /// Consume `queue`: `handler` runs on each delivery, up to `prefetch` at once. Returns once
     /// the adapter consumes; stop it with [`Consumer::stop`].
-    pub async fn consume<H, F>(&self, queue: &str, handler: H, options: ConsumeOptions) -> Result<Consumer>
+    pub async fn consume<H, F>(
+        &self,
+        queue: &str,
+        handler: H,
+        options: ConsumeOptions,
+    ) -> Result<Consumer>
     where
         H: Fn(Delivery) -> F + Send + Sync + 'static,
         F: Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -226,7 +259,10 @@ impl Queue {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Arc::downgrade(&shared));
-        Ok(Consumer { shared, runner: Mutex::new(Some(runner)) })
+        Ok(Consumer {
+            shared,
+            runner: Mutex::new(Some(runner)),
+        })
     }
 }
 
@@ -271,9 +307,16 @@ type Deliveries = mpsc::Receiver<Vec<wit::Delivery>>;
 impl ConsumerShared {
     async fn start_session(&self) -> Result<(Arc<Session>, Deliveries)> {
         let instance = self.slot.current();
-        let options = wit::ConsumeOptions { prefetch: self.options.prefetch, dead_letter: self.options.dead_letter.clone() };
+        let options = wit::ConsumeOptions {
+            prefetch: self.options.prefetch,
+            dead_letter: self.options.dead_letter.clone(),
+        };
         let (id, deliveries) = instance.queue_consume(self.queue.clone(), options).await?;
-        let session = Arc::new(Session { instance, id, handlers: TaskTracker::new() });
+        let session = Arc::new(Session {
+            instance,
+            id,
+            handlers: TaskTracker::new(),
+        });
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         Ok((session, deliveries))
     }
@@ -298,7 +341,12 @@ impl ConsumerShared {
 
     /// Hand deliveries to handlers until stopped; move sessions when asked or when the stream
     /// ends (a trap replaced the instance).
-    async fn run(self: Arc<Self>, mut session: Arc<Session>, mut deliveries: Deliveries, mut switches: mpsc::Receiver<oneshot::Sender<()>>) {
+    async fn run(
+        self: Arc<Self>,
+        mut session: Arc<Session>,
+        mut deliveries: Deliveries,
+        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
+    ) {
         loop {
             tokio::select! {
                 biased;
@@ -345,7 +393,10 @@ impl ConsumerShared {
     async fn drain(&self, session: &Session, deliveries: Deliveries) {
         drop(deliveries);
         session.handlers.close();
-        if tokio::time::timeout(SWITCH_GRACE, session.handlers.wait()).await.is_err() {
+        if tokio::time::timeout(SWITCH_GRACE, session.handlers.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!(queue = %self.queue, "handlers still running after {SWITCH_GRACE:?}; their deliveries come back by redelivery");
         }
         if let Err(e) = session.instance.queue_stop(session.id).await {
@@ -357,8 +408,15 @@ impl ConsumerShared {
     async fn handle(&self, delivery: Delivery) {
         let state = delivery.state.clone();
         let attempt = delivery.attempt;
-        let outcome = AssertUnwindSafe((self.handler)(delivery.clone())).catch_unwind().await;
-        if state.first.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        let outcome = AssertUnwindSafe((self.handler)(delivery.clone()))
+            .catch_unwind()
+            .await;
+        if state
+            .first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
             return;
         }
         let result = match outcome {
@@ -379,7 +437,12 @@ impl ConsumerShared {
         }
     }
 
-    async fn settle(&self, session: &Arc<Session>, tag: types::Tag, settlement: wit::Settlement) -> Result<()> {
+    async fn settle(
+        &self,
+        session: &Arc<Session>,
+        tag: types::Tag,
+        settlement: wit::Settlement,
+    ) -> Result<()> {
         let generation = session.instance.generation();
         if tag.generation != generation {
             return Err(Error::Stale(format!(
@@ -390,17 +453,27 @@ impl ConsumerShared {
         }
         let (reply, answer) = oneshot::channel();
         self.settle_tx
-            .send(SettleRequest { session: session.clone(), tag, settlement, reply })
+            .send(SettleRequest {
+                session: session.clone(),
+                tag,
+                settlement,
+                reply,
+            })
             .await
             .map_err(|_| Error::Closed("the consumer was stopped".into()))?;
-        let result = answer.await.map_err(|_| Error::Closed("the consumer was stopped".into()))?;
+        let result = answer
+            .await
+            .map_err(|_| Error::Closed("the consumer was stopped".into()))?;
         match &result {
             Ok(()) => self.healthy.store(true, Ordering::Relaxed),
             Err(Error::Refused(why)) => {
                 self.healthy.store(false, Ordering::Relaxed);
                 self.settle_log.log(
                     tracing::Level::WARN,
-                    &format!("queue {}: settlement refused by the broker, message handed back: {why}", self.queue),
+                    &format!(
+                        "queue {}: settlement refused by the broker, message handed back: {why}",
+                        self.queue
+                    ),
                 );
             }
             Err(_) => {}
@@ -415,13 +488,19 @@ async fn run_settler(mut rx: mpsc::Receiver<SettleRequest>) {
     while rx.recv_many(&mut waiting, MAX_SETTLE_BATCH).await > 0 {
         let mut by_session: Vec<(Arc<Session>, Vec<SettleRequest>)> = Vec::new();
         for request in waiting.drain(..) {
-            match by_session.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &request.session)) {
+            match by_session
+                .iter_mut()
+                .find(|(s, _)| Arc::ptr_eq(s, &request.session))
+            {
                 Some((_, requests)) => requests.push(request),
                 None => by_session.push((request.session.clone(), vec![request])),
             }
         }
         for (session, requests) in by_session {
-            let (batch, replies): (Vec<_>, Vec<_>) = requests.into_iter().map(|r| ((r.tag, r.settlement), r.reply)).unzip();
+            let (batch, replies): (Vec<_>, Vec<_>) = requests
+                .into_iter()
+                .map(|r| ((r.tag, r.settlement), r.reply))
+                .unzip();
             let count = batch.len();
             match session.instance.queue_settle(session.id, batch).await {
                 Ok(results) if results.len() == count => {
@@ -430,10 +509,17 @@ async fn run_settler(mut rx: mpsc::Receiver<SettleRequest>) {
                     }
                 }
                 Ok(results) => {
-                    let e = Error::Internal(format!("the adapter answered {} results for {count} settlements", results.len()));
-                    replies.into_iter().for_each(|r| drop(r.send(Err(e.clone()))));
+                    let e = Error::Internal(format!(
+                        "the adapter answered {} results for {count} settlements",
+                        results.len()
+                    ));
+                    replies
+                        .into_iter()
+                        .for_each(|r| drop(r.send(Err(e.clone()))));
                 }
-                Err(e) => replies.into_iter().for_each(|r| drop(r.send(Err(e.clone())))),
+                Err(e) => replies
+                    .into_iter()
+                    .for_each(|r| drop(r.send(Err(e.clone())))),
             }
         }
     }
@@ -501,7 +587,9 @@ impl Delivery {
             }
             *first = Some(kind);
         }
-        self.consumer.settle(&self.session, self.tag, settlement).await?;
+        self.consumer
+            .settle(&self.session, self.tag, settlement)
+            .await?;
         Ok(Settled::Applied)
     }
 
@@ -523,7 +611,11 @@ impl Delivery {
 
     /// Move it to the dead-letter queue with `reason` (kept to one line of 512 characters).
     pub async fn dead_letter(&self, reason: &str) -> Result<Settled> {
-        self.settle("dead-letter", wit::Settlement::DeadLetter(reason.to_string())).await
+        self.settle(
+            "dead-letter",
+            wit::Settlement::DeadLetter(reason.to_string()),
+        )
+        .await
     }
 }
 
@@ -535,7 +627,9 @@ pub struct Consumer {
 
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Consumer").field("queue", &self.shared.queue).finish_non_exhaustive()
+        f.debug_struct("Consumer")
+            .field("queue", &self.shared.queue)
+            .finish_non_exhaustive()
     }
 }
 
@@ -561,9 +655,20 @@ impl Consumer {
         if !self.shared.healthy.load(Ordering::Relaxed) {
             return false;
         }
-        let current = self.shared.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let current = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let Some(session) = current else { return false };
-        session.instance.queue_healthy(session.id).await.ok().flatten().unwrap_or(true)
+        session
+            .instance
+            .queue_healthy(session.id)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(true)
     }
 }
 

@@ -92,7 +92,11 @@ async fn a_new_subscriber_gets_no_old_payloads(f: Factory) -> anyhow::Result<()>
     c.backplane()?.publish(&channel, "old-from-c").await?;
     next(&mut early, "the payload published by c").await?;
     let mut fresh = c.backplane()?.subscribe(&channel).await?;
-    silence(&mut fresh, "a first subscriber on an instance that published before").await?;
+    silence(
+        &mut fresh,
+        "a first subscriber on an instance that published before",
+    )
+    .await?;
     for (name, host) in [("same instance", &a), ("other instance", &b)] {
         let mut late = host.backplane()?.subscribe(&channel).await?;
         silence(

@@ -49,7 +49,10 @@ impl Factory {
 
     /// Let tests make the broker refuse settlements: `refuse(queue, count)` refuses the next
     /// `count` settlements on the queue of that name.
-    pub fn with_settlement_refusals(mut self, refuse: impl Fn(&str, u32) + Send + Sync + 'static) -> Self {
+    pub fn with_settlement_refusals(
+        mut self,
+        refuse: impl Fn(&str, u32) + Send + Sync + 'static,
+    ) -> Self {
         self.refuse_settlements = Some(Arc::new(refuse));
         self
     }

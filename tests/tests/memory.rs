@@ -22,7 +22,10 @@ fn memory_factory(path: &'static str) -> Factory {
         }
     })
     .with_settlement_refusals(move |queue, count| {
-        faults.inject(Fault::RefuseSettlements { queue: format!("wrpc/queue/{queue}"), count })
+        faults.inject(Fault::RefuseSettlements {
+            queue: format!("wrpc/queue/{queue}"),
+            count,
+        })
     })
 }
 

@@ -149,7 +149,8 @@ struct OwnServer {
 
 impl OwnServer {
     fn start() -> Self {
-        let store = std::env::temp_dir().join(format!("wrpc-nats-{}", uuid::Uuid::new_v4().simple()));
+        let store =
+            std::env::temp_dir().join(format!("wrpc-nats-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&store).expect("a store directory");
         let mut server = OwnServer { child: None, store };
         server.spawn();
@@ -157,12 +158,23 @@ impl OwnServer {
     }
 
     fn spawn(&mut self) {
-        let binary = ["nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
-            .into_iter()
-            .find(|b| Command::new(b).arg("--version").output().is_ok())
-            .expect("nats-server is installed (the NATS tests never skip)");
+        let binary = [
+            "nats-server",
+            "/usr/sbin/nats-server",
+            "/usr/local/bin/nats-server",
+        ]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok())
+        .expect("nats-server is installed (the NATS tests never skip)");
         let child = Command::new(binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &RESTART_PORT.to_string(), "-sd"])
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &RESTART_PORT.to_string(),
+                "-sd",
+            ])
             .arg(&self.store)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -171,7 +183,10 @@ impl OwnServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not open port {RESTART_PORT}");
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not open port {RESTART_PORT}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -215,9 +230,16 @@ async fn a_server_restart_loses_nothing() {
         let records = (chunk * 100..(chunk + 1) * 100)
             .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
             .collect();
-        log.append_batch("restart-log", records).await.expect("appends");
+        log.append_batch("restart-log", records)
+            .await
+            .expect("appends");
     }
-    let mut reader = other.log().unwrap().read("restart-log", ReadFrom::Earliest).await.expect("a reader");
+    let mut reader = other
+        .log()
+        .unwrap()
+        .read("restart-log", ReadFrom::Earliest)
+        .await
+        .expect("a reader");
     let mut read = Vec::new();
     while read.len() < 150 {
         let entry = tokio::time::timeout(Duration::from_secs(10), reader.next())
@@ -229,8 +251,13 @@ async fn a_server_restart_loses_nothing() {
     }
 
     let queue = broker.queue().unwrap();
-    let messages = (0..300).map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default())).collect();
-    queue.produce_batch("restart-queue", messages).await.expect("produce");
+    let messages = (0..300)
+        .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
+        .collect();
+    queue
+        .produce_batch("restart-queue", messages)
+        .await
+        .expect("produce");
     let handled: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     let mut consumers = Vec::new();
     for host in [&broker, &other] {
@@ -244,11 +271,17 @@ async fn a_server_restart_loses_nothing() {
                         let handled = handled.clone();
                         async move {
                             tokio::time::sleep(Duration::from_millis(5)).await;
-                            handled.lock().unwrap().insert(String::from_utf8_lossy(&d.body).into_owned());
+                            handled
+                                .lock()
+                                .unwrap()
+                                .insert(String::from_utf8_lossy(&d.body).into_owned());
                             Ok(())
                         }
                     },
-                    ConsumeOptions { prefetch: 8, dead_letter: None },
+                    ConsumeOptions {
+                        prefetch: 8,
+                        dead_letter: None,
+                    },
                 )
                 .await
                 .expect("a consumer"),
@@ -261,15 +294,24 @@ async fn a_server_restart_loses_nothing() {
     }
     let before = handled.lock().unwrap().len();
     server.restart();
-    println!("restarted the server with {before} of 300 messages handled and 150 of 300 entries read");
+    println!(
+        "restarted the server with {before} of 300 messages handled and 150 of 300 entries read"
+    );
 
     // After the restart: more work and more entries, through the same handles.
-    let messages = (300..400).map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default())).collect();
-    queue.produce_batch("restart-queue", messages).await.expect("produce after the restart");
+    let messages = (300..400)
+        .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
+        .collect();
+    queue
+        .produce_batch("restart-queue", messages)
+        .await
+        .expect("produce after the restart");
     let records = (300..400)
         .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
         .collect();
-    log.append_batch("restart-log", records).await.expect("appends after the restart");
+    log.append_batch("restart-log", records)
+        .await
+        .expect("appends after the restart");
 
     let deadline = Instant::now() + Duration::from_secs(60);
     while handled.lock().unwrap().len() < 400 {
@@ -292,7 +334,14 @@ async fn a_server_restart_loses_nothing() {
         read.push(String::from_utf8_lossy(&entry.value).into_owned());
     }
     let expected: Vec<String> = (0..400).map(|i| format!("v{i}")).collect();
-    assert_eq!(read, expected, "the log read across the restart: every entry once, in order");
+    assert_eq!(
+        read, expected,
+        "the log read across the restart: every entry once, in order"
+    );
     let all: BTreeSet<String> = (0..400).map(|i| format!("m{i}")).collect();
-    assert_eq!(*handled.lock().unwrap(), all, "every message handled across the restart");
+    assert_eq!(
+        *handled.lock().unwrap(),
+        all,
+        "every message handled across the restart"
+    );
 }

@@ -113,8 +113,17 @@ async fn a_plain_xrange_reads_what_the_log_wrote() {
         .unwrap();
     assert_eq!(reply.ids.len(), 5);
     for (i, entry) in reply.ids.iter().enumerate() {
-        assert_eq!(entry.id, format!("0-{}", i + 1), "stream ids are dense `0-n`");
-        assert!(ids[i].ends_with(&format!(":{}", i + 1)), "the log id {} names entry {}", ids[i], i + 1);
+        assert_eq!(
+            entry.id,
+            format!("0-{}", i + 1),
+            "stream ids are dense `0-n`"
+        );
+        assert!(
+            ids[i].ends_with(&format!(":{}", i + 1)),
+            "the log id {} names entry {}",
+            ids[i],
+            i + 1
+        );
         let value: Vec<u8> = entry.get("v").expect("field v");
         assert_eq!(value, format!("v{i}").into_bytes());
         let key: Option<Vec<u8>> = entry.get("k");
@@ -133,9 +142,16 @@ struct OwnServer {
 
 impl OwnServer {
     fn start(port: u16) -> Self {
-        let dir = std::env::temp_dir().join(format!("wrpc-redis-restart-{}", uuid::Uuid::new_v4().simple()));
+        let dir = std::env::temp_dir().join(format!(
+            "wrpc-redis-restart-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut server = OwnServer { port, dir, child: None };
+        let mut server = OwnServer {
+            port,
+            dir,
+            child: None,
+        };
         server.spawn();
         server
     }
@@ -146,7 +162,14 @@ impl OwnServer {
 
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--appendonly", "yes"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+            ])
             .args(["--appendfsync", "always", "--save", "", "--dir"])
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -187,11 +210,14 @@ fn wait_for_port(port: u16, open: bool) {
         if accepting == open {
             return;
         }
-        assert!(Instant::now() < deadline, "port {port} did not become {}", if open { "open" } else { "closed" });
+        assert!(
+            Instant::now() < deadline,
+            "port {port} did not become {}",
+            if open { "open" } else { "closed" }
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
-
 
 /// The server restarts in the middle of a queue run and of a log read; nothing is lost: every
 /// queued message is handled, and the reader resumes without a gap.
@@ -218,8 +244,13 @@ async fn a_server_restart_loses_nothing() {
 
     // A queue of 300 messages, handled slowly by two consumers.
     let queue = broker.queue().unwrap();
-    let messages = (0..300).map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default())).collect();
-    queue.produce_batch("restart-queue", messages).await.unwrap();
+    let messages = (0..300)
+        .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
+        .collect();
+    queue
+        .produce_batch("restart-queue", messages)
+        .await
+        .unwrap();
     let handled: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     let mut consumers = Vec::new();
     for _ in 0..2 {
@@ -231,11 +262,17 @@ async fn a_server_restart_loses_nothing() {
                     let handled = handled.clone();
                     async move {
                         tokio::time::sleep(Duration::from_millis(5)).await;
-                        handled.lock().unwrap().insert(String::from_utf8_lossy(&d.body).into_owned());
+                        handled
+                            .lock()
+                            .unwrap()
+                            .insert(String::from_utf8_lossy(&d.body).into_owned());
                         Ok(())
                     }
                 },
-                ConsumeOptions { prefetch: 8, dead_letter: None },
+                ConsumeOptions {
+                    prefetch: 8,
+                    dead_letter: None,
+                },
             )
             .await
             .unwrap();
@@ -243,14 +280,19 @@ async fn a_server_restart_loses_nothing() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     while handled.lock().unwrap().len() < 60 {
-        assert!(Instant::now() < deadline, "the consumers handled nothing before the restart");
+        assert!(
+            Instant::now() < deadline,
+            "the consumers handled nothing before the restart"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
     // Restart in the middle of both.
     let before = handled.lock().unwrap().len();
     server.restart();
-    println!("restarted the server with {before} of 300 messages handled and 500 of 2000 entries read");
+    println!(
+        "restarted the server with {before} of 300 messages handled and 500 of 2000 entries read"
+    );
 
     // The reader resumes without a gap, and sees entries appended after the restart.
     while read.len() < 2000 {
@@ -264,11 +306,24 @@ async fn a_server_restart_loses_nothing() {
     let last = next_entry(&mut reader).await;
     assert_eq!(last.value, b"after".to_vec());
     assert_eq!(last.id, appended);
-    let values: Vec<String> = read.iter().map(|e| String::from_utf8_lossy(&e.value).into_owned()).collect();
+    let values: Vec<String> = read
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .collect();
     let expected: Vec<String> = (0..2000).map(|i| format!("v{i}")).collect();
-    assert!(values == expected, "the reader skipped or repeated entries across the restart");
-    let offsets: Vec<u64> = read.iter().chain([&last]).map(|e| e.position.offset).collect();
-    assert!(offsets.windows(2).all(|w| w[1] == w[0] + 1), "offsets stay dense across the restart");
+    assert!(
+        values == expected,
+        "the reader skipped or repeated entries across the restart"
+    );
+    let offsets: Vec<u64> = read
+        .iter()
+        .chain([&last])
+        .map(|e| e.position.offset)
+        .collect();
+    assert!(
+        offsets.windows(2).all(|w| w[1] == w[0] + 1),
+        "offsets stay dense across the restart"
+    );
 
     // Every queued message is handled.
     let deadline = Instant::now() + Duration::from_secs(45);

@@ -24,7 +24,11 @@ fn new_flag() -> Arc<std::sync::atomic::AtomicBool> {
 /// Run the workload on `component`, swapping to `swap_to` 20 times meanwhile.
 async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Result<u32> {
     let store = MemoryStore::new();
-    let broker = Broker::builder().component_file(component).memory_store(store.clone()).open().await?;
+    let broker = Broker::builder()
+        .component_file(component)
+        .memory_store(store.clone())
+        .open()
+        .await?;
     let queue = broker.queue()?;
     let log = broker.log()?;
     let name = format!("swap-{}", uuid::Uuid::new_v4().simple());
@@ -45,7 +49,10 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
                             Ok(())
                         }
                     },
-                    ConsumeOptions { prefetch: 32, dead_letter: None },
+                    ConsumeOptions {
+                        prefetch: 32,
+                        dead_letter: None,
+                    },
                 )
                 .await?,
         );
@@ -61,7 +68,10 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
                 let batch = (chunk * 10..(chunk + 1) * 10)
                     .map(|n| (n.to_string().into_bytes(), ProduceOptions::default()))
                     .collect();
-                queue.produce_batch(&name, batch).await.with_context(|| format!("produce chunk {chunk}"))?;
+                queue
+                    .produce_batch(&name, batch)
+                    .await
+                    .with_context(|| format!("produce chunk {chunk}"))?;
                 tokio::time::sleep(Duration::from_millis(4)).await;
             }
             anyhow::Ok(())
@@ -74,7 +84,9 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
             // One append at a time, for as long as the swaps go on.
             let mut n = 0usize;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                log.append(&name, n.to_string(), AppendOptions::default()).await.with_context(|| format!("append {n}"))?;
+                log.append(&name, n.to_string(), AppendOptions::default())
+                    .await
+                    .with_context(|| format!("append {n}"))?;
                 n += 1;
                 if n % 4 == 0 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -90,7 +102,10 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
             for i in 0..SWAPS {
                 tokio::time::sleep(SWAP_EVERY).await;
                 let path = if i % 2 == 0 { swap_to } else { component };
-                let report = broker.swap(path, [("", ""); 0]).await.with_context(|| format!("swap {i}"))?;
+                let report = broker
+                    .swap(path, [("", ""); 0])
+                    .await
+                    .with_context(|| format!("swap {i}"))?;
                 pauses.push(report.total);
             }
             done.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -114,7 +129,10 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
                 .context("the reader ended")?
                 .with_context(|| format!("the reader failed at entry {next}"))?;
             let n: usize = String::from_utf8_lossy(&entry.value).parse()?;
-            ensure!(n == next, "the reader got entry {n} where {next} was due (gap or disorder)");
+            ensure!(
+                n == next,
+                "the reader got entry {n} where {next} was due (gap or disorder)"
+            );
             next += 1;
         }
     });
@@ -126,27 +144,106 @@ async fn workload(component: &'static str, swap_to: &'static str) -> anyhow::Res
     ensure!(read == entries, "read {read} of {entries} entries");
     let deadline = Instant::now() + Duration::from_secs(60);
     while handled.lock().unwrap().len() < MESSAGES {
-        ensure!(Instant::now() < deadline, "{} of {MESSAGES} messages handled", handled.lock().unwrap().len());
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {MESSAGES} messages handled",
+            handled.lock().unwrap().len()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for consumer in &consumers {
         consumer.stop().await;
     }
     let generation = broker.adapter().generation();
-    ensure!(generation > SWAPS as u32, "the adapter was swapped {SWAPS} times (generation {generation})");
-    println!("{entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}");
+    ensure!(
+        generation > SWAPS as u32,
+        "the adapter was swapped {SWAPS} times (generation {generation})"
+    );
+    println!(
+        "{entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}"
+    );
     Ok(generation)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing() {
-    let generation = workload(components::MEMORY, components::MEMORY).await.unwrap();
-    assert_eq!(generation, SWAPS as u32 + 1, "one generation per swap, no trap");
+    let generation = workload(components::MEMORY, components::MEMORY)
+        .await
+        .unwrap();
+    assert_eq!(
+        generation,
+        SWAPS as u32 + 1,
+        "one generation per swap, no trap"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_with_a_component_trapping_every_500th_call_lose_nothing() {
-    let generation = workload(components::MEMORY_CHAOS, components::MEMORY_CHAOS).await.unwrap();
+    let generation = workload(components::MEMORY_CHAOS, components::MEMORY_CHAOS)
+        .await
+        .unwrap();
     // Each trap starts a new generation too.
-    assert!(generation > SWAPS as u32 + 1, "the chaos component never trapped (generation {generation})");
+    assert!(
+        generation > SWAPS as u32 + 1,
+        "the chaos component never trapped (generation {generation})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_file_replaced_by_rename_is_swapped_in_and_a_bad_one_refused() {
+    let dir = std::env::temp_dir().join(format!("wrpc-watch-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let live = dir.join("adapter.wasm");
+    std::fs::copy(components::MEMORY, &live).unwrap();
+    let broker = Broker::builder()
+        .component_file(&live)
+        .memory_store(MemoryStore::new())
+        .open()
+        .await
+        .unwrap();
+    let mut watcher = broker.watch(&live, [("", ""); 0]);
+    let drop_in = |source: &str| {
+        let staged = dir.join("adapter.wasm.new");
+        std::fs::copy(source, &staged).unwrap();
+        std::fs::rename(&staged, &live).unwrap();
+    };
+
+    // An operator drops in a new version with an atomic rename.
+    drop_in(components::MEMORY_CHAOS);
+    let event = tokio::time::timeout(Duration::from_secs(10), watcher.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(event, wrpc_broker::watch::WatchEvent::Swapped(_)),
+        "{event:?}"
+    );
+    assert_eq!(broker.adapter().generation(), 2);
+    broker
+        .queue()
+        .unwrap()
+        .produce("after-swap", "ok", ProduceOptions::default())
+        .await
+        .unwrap();
+
+    // A broken file is refused; the running adapter stays.
+    let staged = dir.join("adapter.wasm.new");
+    std::fs::write(&staged, b"not a component").unwrap();
+    std::fs::rename(&staged, &live).unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), watcher.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(event, wrpc_broker::watch::WatchEvent::Refused(_)),
+        "{event:?}"
+    );
+    assert_eq!(broker.adapter().generation(), 2);
+    broker
+        .log()
+        .unwrap()
+        .append("still", "works", AppendOptions::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -71,7 +71,11 @@ pub(crate) fn get<'a>(nats: &'a Headers, name: &str) -> Option<&'a [u8]> {
 
 /// The value of NATS header `name` as a decimal number.
 pub(crate) fn number(nats: &Headers, name: &str) -> Option<u64> {
-    std::str::from_utf8(get(nats, name)?).ok()?.trim().parse().ok()
+    std::str::from_utf8(get(nats, name)?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Push header `name` with a text value.

@@ -149,7 +149,11 @@ fn headers_of(p: &Packet) -> wrpc_broker_guest::Headers {
     let mut headers = Vec::new();
     codec::push_packed(&mut headers, &p.headers);
     if let Some(id) = &p.correlation_id {
-        codec::push(&mut headers, codec::CORRELATION_ID, codec::b64(id.as_bytes()));
+        codec::push(
+            &mut headers,
+            codec::CORRELATION_ID,
+            codec::b64(id.as_bytes()),
+        );
     }
     if let Some(to) = &p.reply_to {
         codec::push(&mut headers, codec::REPLY_TO, codec::b64(to.as_bytes()));
@@ -210,13 +214,18 @@ impl Guest for Component {
             client::publish(marker, Vec::new(), Vec::new(), None)
                 .await
                 .map_err(nats_error)?;
-            let wait = if timeout_ms == 0 { DEFAULT_SEND_MS } else { timeout_ms };
+            let wait = if timeout_ms == 0 {
+                DEFAULT_SEND_MS
+            } else {
+                timeout_ms
+            };
             match select(pin!(waiter.done.wait()), pin!(host::sleep(wait))).await {
                 Either::Left(_) if mux.ended.is_set() && !waiter.no_responders.get() => Err(
                     Error::unavailable(format!("{address}: the connection to NATS was lost")),
                 ),
                 Either::Left(_) if waiter.no_responders.get() => Err(Error::unavailable(format!(
-                    "nobody listens on {address}"
+                    "nobody listens on {address} (NATS answered 503 on {}.{number})",
+                    mux.base
                 ))),
                 Either::Left(_) => Ok(()),
                 Either::Right(_) => Err(Error::Timeout(format!(

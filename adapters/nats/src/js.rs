@@ -76,7 +76,14 @@ pub(crate) async fn request(
 ) -> Result<client::Message, NatsError> {
     let mut pauses = PATIENCE_MS.iter();
     loop {
-        match client::request(subject.to_string(), headers.clone(), payload.clone(), REQUEST_MS).await {
+        match client::request(
+            subject.to_string(),
+            headers.clone(),
+            payload.clone(),
+            REQUEST_MS,
+        )
+        .await
+        {
             Err(NatsError::NoResponders(m)) if no_responders_final => {
                 return Err(NatsError::NoResponders(m));
             }
@@ -126,7 +133,10 @@ pub(crate) async fn api(call: &str, body: &Value) -> Result<Value, Fail> {
 }
 
 /// The stream `name`'s info, creating it with `config` (a JSON stream config) when missing.
-pub(crate) async fn stream_info_or_create(name: &str, config: impl Fn() -> Value) -> Result<Value, Fail> {
+pub(crate) async fn stream_info_or_create(
+    name: &str,
+    config: impl Fn() -> Value,
+) -> Result<Value, Fail> {
     match api(&format!("STREAM.INFO.{name}"), &Value::Null).await {
         Err(Fail::Api(e)) if e.err_code == 10059 => {}
         other => return other,
@@ -146,7 +156,12 @@ pub(crate) async fn stream_info_or_create(name: &str, config: impl Fn() -> Value
 }
 
 /// The stream config shared by the streams this adapter creates.
-pub(crate) fn stream_config(config: &Config, name: &str, subject: &str, description: String) -> Value {
+pub(crate) fn stream_config(
+    config: &Config,
+    name: &str,
+    subject: &str,
+    description: String,
+) -> Value {
     json!({
         "name": name,
         "subjects": [subject],

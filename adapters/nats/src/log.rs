@@ -113,7 +113,11 @@ async fn state(config: &Config, topic: &str) -> Result<State, Error> {
         number("/state/first_seq"),
         number("/state/last_seq"),
     );
-    let first = if messages == 0 { last + 1 } else { first.max(1) };
+    let first = if messages == 0 {
+        last + 1
+    } else {
+        first.max(1)
+    };
     EPOCHS.with_borrow_mut(|m| m.insert(topic.to_string(), epoch.clone()));
     Ok(State {
         stream,
@@ -297,7 +301,10 @@ impl Guest for Component {
         )))
     }
 
-    async fn tail(topic: String, origin: Start) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
+    async fn tail(
+        topic: String,
+        origin: Start,
+    ) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
         let config = config()?;
         let state = state(&config, &topic).await?;
         let start = start_seq(&state, &origin)?;

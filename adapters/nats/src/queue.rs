@@ -216,7 +216,14 @@ where
 
 /// Send `verb` (`+ACK`, `-NAK`, `+TERM`) for a delivery and wait for the server's reply.
 async fn ack_call(ack: &str, verb: &str) -> Result<(), Error> {
-    match client::request(ack.to_string(), Vec::new(), verb.as_bytes().to_vec(), SETTLE_MS).await {
+    match client::request(
+        ack.to_string(),
+        Vec::new(),
+        verb.as_bytes().to_vec(),
+        SETTLE_MS,
+    )
+    .await
+    {
         Ok(_) => Ok(()),
         Err(NatsError::Refused(m)) => Err(Error::refused(m)),
         Err(e) => Err(crate::nats_error(e)),
@@ -254,7 +261,10 @@ impl Consumer {
                 self.on_message(m).await;
             }
             if !matches!(result, StreamResult::Complete(_)) {
-                crate::debug(&format!("queue {}: the pull subscription ended", self.queue));
+                crate::debug(&format!(
+                    "queue {}: the pull subscription ended",
+                    self.queue
+                ));
                 self.subscribed.set(false);
                 self.stop.set();
                 break;
@@ -353,7 +363,10 @@ impl Consumer {
             }
             if std::mem::take(&mut self.ledger.borrow_mut().recreate) {
                 if let Err(e) = create_durable(&config, &self.queue, &self.stream).await {
-                    crate::debug(&format!("queue {}: re-creating the consumer: {e:?}", self.queue));
+                    crate::debug(&format!(
+                        "queue {}: re-creating the consumer: {e:?}",
+                        self.queue
+                    ));
                     self.ledger.borrow_mut().recreate = true;
                     host::sleep(200).await;
                     continue;
@@ -401,7 +414,11 @@ impl Consumer {
                 .map_or(1_000, |p| p.deadline.saturating_sub(now).max(1));
             let wait = u32::try_from(wait).unwrap_or(1_000);
             let stop = self.stop.wait();
-            select(pin!(woken), pin!(select(pin!(stop), pin!(host::sleep(wait))))).await;
+            select(
+                pin!(woken),
+                pin!(select(pin!(stop), pin!(host::sleep(wait)))),
+            )
+            .await;
         }
         self.stop.set();
         // A pull still open may bring deliveries: they are NAK'd as they come (stop is set).
@@ -450,7 +467,12 @@ impl Consumer {
     }
 
     /// The broker calls of one settlement; a copy is confirmed before the original is acked.
-    async fn apply(&self, config: &Config, held: &Held, settlement: Settlement) -> Result<(), Error> {
+    async fn apply(
+        &self,
+        config: &Config,
+        held: &Held,
+        settlement: Settlement,
+    ) -> Result<(), Error> {
         match settlement {
             Settlement::Ack => {}
             Settlement::Retry(delay_ms) => {
@@ -466,7 +488,11 @@ impl Consumer {
             Settlement::Release => return retried(|| ack_call(&held.ack, "-NAK")).await,
             Settlement::DeadLetter(reason) => {
                 let mut with_reason = held.headers.clone();
-                headers::set(&mut with_reason, codec::DEAD_REASON, headers::dead_reason(&reason));
+                headers::set(
+                    &mut with_reason,
+                    codec::DEAD_REASON,
+                    headers::dead_reason(&reason),
+                );
                 let mut copy = Vec::new();
                 codec::push_packed(&mut copy, &with_reason);
                 codec::push(&mut copy, codec::ATTEMPT, held.attempt.to_string());

@@ -20,7 +20,9 @@ use std::rc::Rc;
 
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::redis::client;
-use crate::{Component, DEFAULT_PREFIX, Reply, args, blocking, config, eval, get, put, redis_error};
+use crate::{
+    Component, DEFAULT_PREFIX, Reply, args, blocking, config, eval, get, put, redis_error,
+};
 use futures::future::{Either, select};
 use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 use wrpc_broker_guest::signal::Latch;
@@ -105,7 +107,12 @@ fn decode(data: &[u8]) -> Option<Packet> {
     let headers = crate::decode_headers(data, &mut at)?;
     let correlation_id = get_opt(data, &mut at)?;
     let reply_to = get_opt(data, &mut at)?;
-    Some(Packet { body, headers, correlation_id, reply_to })
+    Some(Packet {
+        body,
+        headers,
+        correlation_id,
+        reply_to,
+    })
 }
 
 /// The composite-key form of an address: no `:`, so `<enc(a)>:<group>` splits one way only.
@@ -133,7 +140,12 @@ async fn relay(from: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>, s
 
 /// Pop a group's list until `stop`, the host drops the stream, or the presence subscription
 /// (which keeps the group registered) ends.
-async fn pop(list: Vec<u8>, presence: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>, stop: Latch) {
+async fn pop(
+    list: Vec<u8>,
+    presence: &mut StreamReader<Vec<u8>>,
+    mut to: StreamWriter<Packet>,
+    stop: Latch,
+) {
     loop {
         let call = args!["BLPOP", &list, POP_BLOCK_S];
         // The presence channel carries no payloads: its read only ends when the connection is.
@@ -175,7 +187,11 @@ impl Guest for Component {
         let config = config()?;
         let keys = vec![config.key("dxg", &address)?, config.key("dx", &address)?];
         let token = enc(&address)?;
-        let timeout = if timeout_ms == 0 { DEFAULT_TIMEOUT_MS } else { timeout_ms };
+        let timeout = if timeout_ms == 0 {
+            DEFAULT_TIMEOUT_MS
+        } else {
+            timeout_ms
+        };
         let argv = args![
             format!("{{{}}}:dxq:{token}:", config.prefix),
             format!("{{{}}}:dxp:{token}:", config.prefix),
@@ -189,14 +205,18 @@ impl Guest for Component {
         Ok(())
     }
 
-    async fn listen(address: String, group: Option<String>) -> Result<(ListenerId, StreamReader<Packet>), Error> {
+    async fn listen(
+        address: String,
+        group: Option<String>,
+    ) -> Result<(ListenerId, StreamReader<Packet>), Error> {
         let config = config()?;
         let channel = config.key("dx", &address)?;
         let listener = Rc::new(Listener::default());
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         match group {
             None => {
-                let (subscription, mut from) = client::subscribe(channel).await.map_err(redis_error)?;
+                let (subscription, mut from) =
+                    client::subscribe(channel).await.map_err(redis_error)?;
                 let l = listener.clone();
                 wit_bindgen::spawn_local(async move {
                     relay(&mut from, tx, l.stop.clone()).await;
@@ -213,9 +233,12 @@ impl Guest for Component {
                 let presence = format!("{{{}}}:dxp:{token}:{group}", config.prefix);
                 let list = format!("{{{}}}:dxq:{token}:{group}", config.prefix).into_bytes();
                 // Present first, then registered: a sender never drops a group that has a member.
-                let (subscription, mut presence) =
-                    client::subscribe(presence.into_bytes()).await.map_err(redis_error)?;
-                if let Err(e) = crate::cmd(args!["SADD", config.key("dxg", &address)?, &group]).await {
+                let (subscription, mut presence) = client::subscribe(presence.into_bytes())
+                    .await
+                    .map_err(redis_error)?;
+                if let Err(e) =
+                    crate::cmd(args!["SADD", config.key("dxg", &address)?, &group]).await
+                {
                     client::unsubscribe(subscription).await;
                     return Err(e);
                 }

@@ -350,7 +350,11 @@ pub(crate) async fn eval(
         if let Ok(loaded) = cmd(args!["SCRIPT", "LOAD", body]).await
             && let Some(sha) = loaded.text()
         {
-            config.scripts.shas.borrow_mut().push((body, sha.to_string()));
+            config
+                .scripts
+                .shas
+                .borrow_mut()
+                .push((body, sha.to_string()));
         }
     }
     Ok(reply)
@@ -370,7 +374,11 @@ async fn load_scripts(config: &Config) -> Result<(), Error> {
         let sha = sha
             .text()
             .ok_or_else(|| Error::internal("SCRIPT LOAD answered no SHA"))?;
-        config.scripts.shas.borrow_mut().push((body, sha.to_string()));
+        config
+            .scripts
+            .shas
+            .borrow_mut()
+            .push((body, sha.to_string()));
     }
     Ok(())
 }

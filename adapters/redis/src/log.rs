@@ -113,22 +113,47 @@ struct State {
 }
 
 /// Read the state (and a page from `start`, up to `count`) of `topic`.
-async fn read(config: &Config, topic: &str, start: &str, count: u32) -> Result<(State, Vec<Reply>), Error> {
+async fn read(
+    config: &Config,
+    topic: &str,
+    start: &str,
+    count: u32,
+) -> Result<(State, Vec<Reply>), Error> {
     let keys = vec![config.key("log", topic)?, config.key("loge", topic)?];
     let reply = patiently(|| eval(RANGE, keys.clone(), args![start, count])).await?;
     let mut parts = reply.into_array().into_iter();
     let epoch = parts.next().and_then(|e| e.text().map(str::to_string));
     let Some(epoch) = epoch else {
-        return Ok((State { epoch: None, last: 0, floor: 0 }, Vec::new()));
+        return Ok((
+            State {
+                epoch: None,
+                last: 0,
+                floor: 0,
+            },
+            Vec::new(),
+        ));
     };
     let bad = || Error::internal(format!("log `{topic}`: the stream does not hold `0-n` ids"));
-    let last = parts.next().and_then(|r| r.bytes().and_then(seq)).ok_or_else(bad)?;
-    let deleted = parts.next().and_then(|r| r.bytes().and_then(seq)).unwrap_or(0);
+    let last = parts
+        .next()
+        .and_then(|r| r.bytes().and_then(seq))
+        .ok_or_else(bad)?;
+    let deleted = parts
+        .next()
+        .and_then(|r| r.bytes().and_then(seq))
+        .unwrap_or(0);
     let first = parts.next().and_then(|r| r.bytes().and_then(seq));
     let entries = parts.next().map(Reply::into_array).unwrap_or_default();
     // Trimming moves the first entry; XDEL moves max-deleted-entry-id.
     let floor = deleted.max(first.map_or(last, |f| f - 1));
-    Ok((State { epoch: Some(epoch), last, floor }, entries))
+    Ok((
+        State {
+            epoch: Some(epoch),
+            last,
+            floor,
+        },
+        entries,
+    ))
 }
 
 /// The first sequence a read from `origin` yields, checked against the stream's state.
@@ -146,7 +171,11 @@ fn start_seq(state: &State, origin: &Start) -> Result<u64, Error> {
                 "id `{id}` was minted by another log (epoch {epoch}, this log has {e})"
             )));
         }
-        None => return Err(Error::gone(format!("id `{id}`: this log has no entries (another log minted it)"))),
+        None => {
+            return Err(Error::gone(format!(
+                "id `{id}`: this log has no entries (another log minted it)"
+            )));
+        }
     }
     if n > state.last {
         return Err(Error::bad_request(format!(
@@ -170,8 +199,15 @@ fn entry(epoch: &str, raw: &Reply) -> Option<Entry> {
     let fields = parts.get(1)?;
     Some(Entry {
         id: format!("{epoch}:{n}"),
-        pos: Position { partition: 0, offset: n },
-        value: fields.field("v").and_then(Reply::bytes).unwrap_or_default().to_vec(),
+        pos: Position {
+            partition: 0,
+            offset: n,
+        },
+        value: fields
+            .field("v")
+            .and_then(Reply::bytes)
+            .unwrap_or_default()
+            .to_vec(),
         headers: headers_field(fields.field("h").and_then(Reply::bytes)),
         key: fields.field("k").and_then(Reply::bytes).map(<[u8]>::to_vec),
     })
@@ -202,13 +238,17 @@ impl Tail {
         let mut taken = 0;
         let epoch = self.epoch.borrow().clone();
         for raw in entries {
-            let Some(e) = entry(&epoch, raw) else { continue };
+            let Some(e) = entry(&epoch, raw) else {
+                continue;
+            };
             let next = self.next.get();
             if e.pos.offset < next {
                 continue;
             }
             if e.pos.offset > next {
-                wrpc_broker_guest::debug!("log tail: entry {next} was trimmed before it was read; ending the tail");
+                wrpc_broker_guest::debug!(
+                    "log tail: entry {next} was trimmed before it was read; ending the tail"
+                );
                 self.end.set();
                 break;
             }
@@ -280,7 +320,9 @@ async fn reader() {
         let mut keys: BTreeMap<&[u8], u64> = BTreeMap::new();
         for t in &tails {
             let after = t.next.get() - 1;
-            keys.entry(&t.key).and_modify(|a| *a = (*a).min(after)).or_insert(after);
+            keys.entry(&t.key)
+                .and_modify(|a| *a = (*a).min(after))
+                .or_insert(after);
         }
         let mut call = args!["XREAD", "COUNT", READ_COUNT, "BLOCK", BLOCK_MS, "STREAMS"];
         call.extend(keys.keys().map(|k| k.to_vec()));
@@ -296,7 +338,9 @@ async fn reader() {
             Ok(reply) => {
                 for stream in reply.array() {
                     let parts = stream.array();
-                    let (Some(key), Some(entries)) = (parts.first().and_then(Reply::bytes), parts.get(1)) else {
+                    let (Some(key), Some(entries)) =
+                        (parts.first().and_then(Reply::bytes), parts.get(1))
+                    else {
                         continue;
                     };
                     for t in tails.iter().filter(|t| t.key == key) {
@@ -304,7 +348,8 @@ async fn reader() {
                             // The stream was created after the tail started: its epoch now.
                             match crate::cmd(args!["GET", &t.epoch_key]).await {
                                 Ok(epoch) => {
-                                    *t.epoch.borrow_mut() = epoch.text().unwrap_or_default().to_string()
+                                    *t.epoch.borrow_mut() =
+                                        epoch.text().unwrap_or_default().to_string()
                                 }
                                 Err(_) => {
                                     t.end.set();
@@ -350,7 +395,10 @@ impl Guest for Component {
         }
         let reply = eval(APPEND, keys, argv).await?;
         let parts = reply.array();
-        let epoch = parts.first().and_then(Reply::text).ok_or_else(|| Error::internal("append: no epoch"))?;
+        let epoch = parts
+            .first()
+            .and_then(Reply::text)
+            .ok_or_else(|| Error::internal("append: no epoch"))?;
         let ids: Vec<String> = parts
             .get(1)
             .map(Reply::array)
@@ -360,7 +408,10 @@ impl Guest for Component {
             .map(|n| format!("{epoch}:{n}"))
             .collect();
         if ids.len() != count {
-            return Err(Error::internal(format!("append: {} ids for {count} records", ids.len())));
+            return Err(Error::internal(format!(
+                "append: {} ids for {count} records",
+                ids.len()
+            )));
         }
         Ok(ids)
     }
@@ -378,7 +429,10 @@ impl Guest for Component {
         }
         if let Start::Latest = origin {
             config()?.key("log", &topic)?;
-            return Ok(Page { entries: Vec::new(), done: true });
+            return Ok(Page {
+                entries: Vec::new(),
+                done: true,
+            });
         }
         let config = config()?;
         let start = match &origin {
@@ -397,11 +451,15 @@ impl Guest for Component {
                 head.pos.offset
             )));
         }
-        let done = entries.len() < limit as usize || entries.last().is_some_and(|e| e.pos.offset >= state.last);
+        let done = entries.len() < limit as usize
+            || entries.last().is_some_and(|e| e.pos.offset >= state.last);
         Ok(Page { entries, done })
     }
 
-    async fn tail(topic: String, origin: Start) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
+    async fn tail(
+        topic: String,
+        origin: Start,
+    ) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
         if let Start::After(id) = &origin {
             parse(id)?;
         }
@@ -427,6 +485,12 @@ impl Guest for Component {
             wit_bindgen::spawn_local(reader());
         }
         wit_bindgen::spawn_local(tail.pump(tx));
-        Ok((vec![Position { partition: 0, offset: next }], rx))
+        Ok((
+            vec![Position {
+                partition: 0,
+                offset: next,
+            }],
+            rx,
+        ))
     }
 }

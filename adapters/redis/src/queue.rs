@@ -22,8 +22,12 @@ use std::collections::BTreeMap;
 use std::pin::pin;
 use std::rc::Rc;
 
-use crate::exports::wrpc::broker::queue::{ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement};
-use crate::{Component, Reply, args, blocking, cmd, config, encode_headers, eval, headers_field, pipeline};
+use crate::exports::wrpc::broker::queue::{
+    ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement,
+};
+use crate::{
+    Component, Reply, args, blocking, cmd, config, encode_headers, eval, headers_field, pipeline,
+};
 use futures::future::{Either, select};
 use wit_bindgen::{StreamReader, StreamWriter};
 use wrpc_broker_guest::signal::{Latch, Notify};
@@ -166,7 +170,11 @@ fn stored(entries: &[Reply]) -> Vec<Held> {
             }
             Some(Held {
                 id,
-                body: fields.field("b").and_then(Reply::bytes).unwrap_or_default().to_vec(),
+                body: fields
+                    .field("b")
+                    .and_then(Reply::bytes)
+                    .unwrap_or_default()
+                    .to_vec(),
                 headers: headers_field(fields.field("h").and_then(Reply::bytes)),
             })
         })
@@ -177,13 +185,17 @@ impl Consumer {
     fn room(&self) -> u32 {
         let ledger = self.ledger.borrow();
         let held = ledger.unsettled.len() + ledger.settling;
-        self.prefetch.saturating_sub(u32::try_from(held).unwrap_or(u32::MAX))
+        self.prefetch
+            .saturating_sub(u32::try_from(held).unwrap_or(u32::MAX))
     }
 
     fn hold(&self, held: Held) -> Delivery {
         let seq = NEXT_SEQ.replace(NEXT_SEQ.get() + 1);
         let delivery = Delivery {
-            tag: Tag { generation: self.generation, seq },
+            tag: Tag {
+                generation: self.generation,
+                seq,
+            },
             body: held.body.clone(),
             headers: headers::without_attempt(held.headers.clone()),
             attempt: headers::attempt(&held.headers),
@@ -198,7 +210,13 @@ impl Consumer {
 
     /// Move due delayed retries; milliseconds until the next look.
     async fn move_due(&self) -> u64 {
-        match eval(MOVE_DUE, vec![self.delayed.clone(), self.key.clone()], args![MOVE_BATCH]).await {
+        match eval(
+            MOVE_DUE,
+            vec![self.delayed.clone(), self.key.clone()],
+            args![MOVE_BATCH],
+        )
+        .await
+        {
             Ok(reply) => match reply.int() {
                 Some(ms) if ms >= 0 => (ms as u64).min(MOVER_MAX_MS),
                 _ => MOVER_MAX_MS,
@@ -210,7 +228,14 @@ impl Consumer {
     /// Reclaim up to `room` entries idle longer than the visibility (any consumer's).
     async fn claim(&self, room: u32) -> Vec<Held> {
         let call = args![
-            "XAUTOCLAIM", &self.key, GROUP, &self.name, self.visibility_ms, "0-0", "COUNT", room
+            "XAUTOCLAIM",
+            &self.key,
+            GROUP,
+            &self.name,
+            self.visibility_ms,
+            "0-0",
+            "COUNT",
+            room
         ];
         match cmd(call).await {
             Ok(reply) => {
@@ -219,7 +244,12 @@ impl Consumer {
                 // Entries deleted while pending: nothing to deliver, just forget them.
                 let deleted: Vec<Vec<u8>> = parts
                     .get(2)
-                    .map(|r| r.array().iter().filter_map(|d| d.bytes().map(<[u8]>::to_vec)).collect())
+                    .map(|r| {
+                        r.array()
+                            .iter()
+                            .filter_map(|d| d.bytes().map(<[u8]>::to_vec))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if !deleted.is_empty() {
                     let mut ack = args!["XACK", &self.key, GROUP];
@@ -240,7 +270,13 @@ impl Consumer {
 
     /// Reset the idle time of every delivery held, so nobody reclaims it.
     async fn refresh(&self) {
-        let ids: Vec<Vec<u8>> = self.ledger.borrow().unsettled.values().map(|h| h.id.clone()).collect();
+        let ids: Vec<Vec<u8>> = self
+            .ledger
+            .borrow()
+            .unsettled
+            .values()
+            .map(|h| h.id.clone())
+            .collect();
         if ids.is_empty() {
             return;
         }
@@ -255,7 +291,9 @@ impl Consumer {
         if let Error::Internal(m) = e
             && m.contains("NOGROUP")
         {
-            wrpc_broker_guest::info!("queue group missing (server restarted empty?); creating it again");
+            wrpc_broker_guest::info!(
+                "queue group missing (server restarted empty?); creating it again"
+            );
             let _ = ensure_group(&self.key).await;
         }
     }
@@ -284,9 +322,21 @@ impl Consumer {
             }
             let room = room.saturating_sub(batch.len() as u32);
             if batch.is_empty() && room > 0 {
-                let block = next_move.saturating_sub(host::now_ms()).clamp(1, READ_BLOCK_MS);
+                let block = next_move
+                    .saturating_sub(host::now_ms())
+                    .clamp(1, READ_BLOCK_MS);
                 let call = args![
-                    "XREADGROUP", "GROUP", GROUP, &self.name, "COUNT", room, "BLOCK", block, "STREAMS", &self.key, ">"
+                    "XREADGROUP",
+                    "GROUP",
+                    GROUP,
+                    &self.name,
+                    "COUNT",
+                    room,
+                    "BLOCK",
+                    block,
+                    "STREAMS",
+                    &self.key,
+                    ">"
                 ];
                 match blocking(call).await {
                     Ok(reply) => {
@@ -303,7 +353,10 @@ impl Consumer {
                     }
                 }
             } else if batch.is_empty() {
-                let wait = next_move.min(next_refresh).saturating_sub(host::now_ms()).clamp(1, READ_BLOCK_MS);
+                let wait = next_move
+                    .min(next_refresh)
+                    .saturating_sub(host::now_ms())
+                    .clamp(1, READ_BLOCK_MS);
                 let settled = pin!(self.settled.notified());
                 let tick = pin!(host::sleep(wait as u32));
                 select(settled, select(tick, pin!(self.stop.wait()))).await;
@@ -325,7 +378,12 @@ impl Consumer {
         drop(to);
         self.stop.set();
         self.release_all().await;
-        let _ = eval(FORGET_CONSUMER, vec![self.key.clone()], args![GROUP, &self.name]).await;
+        let _ = eval(
+            FORGET_CONSUMER,
+            vec![self.key.clone()],
+            args![GROUP, &self.name],
+        )
+        .await;
         self.ended.set();
     }
 
@@ -345,7 +403,15 @@ impl Consumer {
     /// any consumer, this one included) takes it.
     async fn hand_back(&self, id: &[u8]) {
         let call = args![
-            "XCLAIM", &self.key, GROUP, &self.name, "0", id, "IDLE", self.visibility_ms, "JUSTID"
+            "XCLAIM",
+            &self.key,
+            GROUP,
+            &self.name,
+            "0",
+            id,
+            "IDLE",
+            self.visibility_ms,
+            "JUSTID"
         ];
         let _ = cmd(call).await;
         self.claim_now.set(true);
@@ -357,12 +423,25 @@ impl Consumer {
         let attempt = headers::attempt(&held.headers);
         let (target, op, copy_headers, delay) = match settlement {
             Settlement::Ack => (self.key.clone(), "ack", Vec::new(), 0),
-            Settlement::Retry(0) => (self.key.clone(), "copy", headers::with_attempt(held.headers, attempt + 1), 0),
-            Settlement::Retry(d) => (self.delayed.clone(), "delay", headers::with_attempt(held.headers, attempt + 1), d),
+            Settlement::Retry(0) => (
+                self.key.clone(),
+                "copy",
+                headers::with_attempt(held.headers, attempt + 1),
+                0,
+            ),
+            Settlement::Retry(d) => (
+                self.delayed.clone(),
+                "delay",
+                headers::with_attempt(held.headers, attempt + 1),
+                d,
+            ),
             Settlement::Release => (self.key.clone(), "copy", held.headers, 0),
-            Settlement::DeadLetter(reason) => {
-                (self.dlq.clone(), "copy", headers::dead_letter(held.headers, &reason, attempt), 0)
-            }
+            Settlement::DeadLetter(reason) => (
+                self.dlq.clone(),
+                "copy",
+                headers::dead_letter(held.headers, &reason, attempt),
+                0,
+            ),
         };
         let body = if op == "ack" { Vec::new() } else { held.body };
         let argv = args![
@@ -386,7 +465,9 @@ impl Consumer {
                     None => return Err(Error::Refused(m)),
                 },
                 // The script is safe to repeat: an entry already acked is left alone.
-                Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => host::sleep(100).await,
+                Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
+                    host::sleep(100).await
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -402,7 +483,10 @@ impl Consumer {
         let held = {
             let mut ledger = self.ledger.borrow_mut();
             let held = ledger.unsettled.remove(&tag.seq).ok_or_else(|| {
-                Error::stale(format!("delivery {} was already settled or handed back", tag.seq))
+                Error::stale(format!(
+                    "delivery {} was already settled or handed back",
+                    tag.seq
+                ))
             })?;
             ledger.settling += 1;
             held
@@ -436,7 +520,17 @@ impl Guest for Component {
         }
         let commands = batch
             .into_iter()
-            .map(|m| args!["XADD", &key, "*", "b", m.body, "h", encode_headers(&m.headers)])
+            .map(|m| {
+                args![
+                    "XADD",
+                    &key,
+                    "*",
+                    "b",
+                    m.body,
+                    "h",
+                    encode_headers(&m.headers)
+                ]
+            })
             .collect();
         for reply in pipeline(commands).await? {
             if let Reply::Error(e) = reply {
@@ -446,7 +540,10 @@ impl Guest for Component {
         Ok(())
     }
 
-    async fn consume(queue: String, opts: ConsumeOptions) -> Result<(ConsumerId, StreamReader<Delivery>), Error> {
+    async fn consume(
+        queue: String,
+        opts: ConsumeOptions,
+    ) -> Result<(ConsumerId, StreamReader<Delivery>), Error> {
         let config = config()?;
         if opts.prefetch == 0 {
             return Err(Error::bad_request("prefetch must be at least 1"));
@@ -480,7 +577,10 @@ impl Guest for Component {
         Ok((id, rx))
     }
 
-    async fn settle(consumer_id: ConsumerId, batch: Vec<(Tag, Settlement)>) -> Vec<Result<(), Error>> {
+    async fn settle(
+        consumer_id: ConsumerId,
+        batch: Vec<(Tag, Settlement)>,
+    ) -> Vec<Result<(), Error>> {
         let Some(c) = consumer(consumer_id) else {
             let closed = || Error::closed(format!("consumer {consumer_id} is not live"));
             return batch.iter().map(|_| Err(closed())).collect();

@@ -102,7 +102,11 @@ impl AdapterInstance {
 
     /// [`Self::start`] with the first generation given: a replacement of another adapter starts
     /// above that one's, so tags it minted stay stale here.
-    pub async fn start_at(component: SharedComponent, config: InstanceConfig, generation: u32) -> Result<Self> {
+    pub async fn start_at(
+        component: SharedComponent,
+        config: InstanceConfig,
+        generation: u32,
+    ) -> Result<Self> {
         let (store, exports, info) = instantiate(&component, &config, generation, None).await?;
         let logger = TargetLogger::new(&format!("broker.{}", info.name));
         let (jobs, rx) = mpsc::channel(1024);
@@ -376,7 +380,15 @@ async fn supervise(sup: Supervisor, store: Store<Ctx>, exports: Exports) {
 
 async fn serve_generations(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Exports) {
     loop {
-        match serve(&mut store, &exports, &mut sup.rx, &sup.shared.closing, &sup.shared.retiring).await {
+        match serve(
+            &mut store,
+            &exports,
+            &mut sup.rx,
+            &sup.shared.closing,
+            &sup.shared.retiring,
+        )
+        .await
+        {
             Exit::Closed => break,
             Exit::Trapped(message) => {
                 sup.logger.log(

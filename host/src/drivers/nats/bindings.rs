@@ -32,10 +32,9 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
 impl Ctx {
     fn nats(&mut self) -> wasmtime::Result<NatsDriver> {
         self.progress();
-        self.drivers
-            .nats
-            .clone()
-            .ok_or_else(|| wasmtime::Error::msg("the NATS driver is not configured for this adapter"))
+        self.drivers.nats.clone().ok_or_else(|| {
+            wasmtime::Error::msg("the NATS driver is not configured for this adapter")
+        })
     }
 }
 
@@ -57,7 +56,9 @@ fn header_map(headers: wit::Headers) -> Result<Option<HeaderMap>, wit::NatsError
     let mut map = HeaderMap::new();
     for (name, value) in headers {
         let bad = |what: &str| wit::NatsError::BadRequest(format!("header `{name}`: {what}"));
-        let header: HeaderName = name.parse().map_err(|_| bad("not a valid NATS header name"))?;
+        let header: HeaderName = name
+            .parse()
+            .map_err(|_| bad("not a valid NATS header name"))?;
         let text = String::from_utf8(value).map_err(|_| bad("value is not UTF-8"))?;
         let value: HeaderValue = text.parse().map_err(|_| bad("value holds CR or LF"))?;
         map.append(header, value);

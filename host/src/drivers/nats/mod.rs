@@ -40,7 +40,9 @@ impl NatsDriver {
             });
         let client = async_nats::connect_with_options(url, options)
             .await
-            .map_err(|e| crate::Error::Unavailable(format!("cannot connect to NATS at {url}: {e}")))?;
+            .map_err(|e| {
+                crate::Error::Unavailable(format!("cannot connect to NATS at {url}: {e}"))
+            })?;
         Ok(NatsDriver { client })
     }
 

@@ -27,10 +27,9 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
 impl Ctx {
     fn redis(&mut self) -> wasmtime::Result<&RedisDriver> {
         self.progress();
-        self.drivers
-            .redis
-            .as_ref()
-            .ok_or_else(|| wasmtime::Error::msg("the redis driver is not configured for this adapter"))
+        self.drivers.redis.as_ref().ok_or_else(|| {
+            wasmtime::Error::msg("the redis driver is not configured for this adapter")
+        })
     }
 }
 

@@ -132,7 +132,10 @@ impl Connections {
 
     /// Several commands in one round trip on the shared connection; one reply each (an error
     /// reply stays in its place as a `Value::ServerError`).
-    pub(crate) async fn pipeline(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, CallError> {
+    pub(crate) async fn pipeline(
+        &self,
+        commands: &[Vec<Vec<u8>>],
+    ) -> Result<Vec<Value>, CallError> {
         if commands.is_empty() {
             return Err(CallError::Invalid("an empty pipeline".into()));
         }
@@ -210,7 +213,8 @@ impl Connections {
         &self,
         channel: &[u8],
     ) -> Result<(u64, redis::aio::PubSubStream), CallError> {
-        self.faults.check(&[b"SUBSCRIBE".to_vec(), channel.to_vec()])?;
+        self.faults
+            .check(&[b"SUBSCRIBE".to_vec(), channel.to_vec()])?;
         let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, self.client.get_async_pubsub())
             .await
             .map_err(|_| CallError::ConnectionLost("connecting for pub/sub timed out".into()))?
@@ -233,7 +237,8 @@ impl Connections {
     pub(crate) async fn unsubscribe(&self, id: u64) {
         let entry = self.forget(id);
         if let Some((channel, mut sink)) = entry {
-            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(channel.as_slice())).await;
+            let _ =
+                tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(channel.as_slice())).await;
         }
     }
 
@@ -292,8 +297,9 @@ pub(crate) struct Faults {
 
 /// The fault injectors by URL: every driver connected to one URL shares one, so a test can
 /// inject faults into host instances it opened through [`crate::BrokerBuilder::url`].
-static FAULTS: std::sync::LazyLock<Mutex<std::collections::HashMap<String, std::sync::Arc<Faults>>>> =
-    std::sync::LazyLock::new(Default::default);
+static FAULTS: std::sync::LazyLock<
+    Mutex<std::collections::HashMap<String, std::sync::Arc<Faults>>>,
+> = std::sync::LazyLock::new(Default::default);
 
 impl Faults {
     fn for_url(url: &str) -> std::sync::Arc<Faults> {
@@ -324,7 +330,10 @@ impl Faults {
             .map(|a| String::from_utf8_lossy(a))
             .collect::<Vec<_>>()
             .join(" ");
-        let Some(i) = rules.iter().position(|(p, _)| glob(p.as_bytes(), text.as_bytes())) else {
+        let Some(i) = rules
+            .iter()
+            .position(|(p, _)| glob(p.as_bytes(), text.as_bytes()))
+        else {
             return Ok(());
         };
         rules[i].1 -= 1;
@@ -367,8 +376,14 @@ mod tests {
 
     #[test]
     fn glob_matches_runs_and_single_characters() {
-        assert!(glob(b"EVALSHA * {wrpc}:q:a *wrpc-settle*", b"EVALSHA abc 2 {wrpc}:q:a x wrpc-settle ack"));
-        assert!(!glob(b"EVALSHA * {wrpc}:q:a *wrpc-settle*", b"XREADGROUP GROUP wrpc c {wrpc}:q:a >"));
+        assert!(glob(
+            b"EVALSHA * {wrpc}:q:a *wrpc-settle*",
+            b"EVALSHA abc 2 {wrpc}:q:a x wrpc-settle ack"
+        ));
+        assert!(!glob(
+            b"EVALSHA * {wrpc}:q:a *wrpc-settle*",
+            b"XREADGROUP GROUP wrpc c {wrpc}:q:a >"
+        ));
         assert!(glob(b"a?c", b"abc"));
         assert!(!glob(b"a?c", b"abbc"));
         assert!(glob(b"*", b""));

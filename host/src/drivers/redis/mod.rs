@@ -51,7 +51,9 @@ impl RedisDriver {
     /// Connect to the server at `url` (the first connection is made now, so a wrong URL or a
     /// server that is down fails here with `unavailable`).
     pub async fn connect(url: &str) -> crate::Result<RedisDriver> {
-        let config = RedisConfig { url: url.to_string() };
+        let config = RedisConfig {
+            url: url.to_string(),
+        };
         let conns = Connections::open(&config)
             .map_err(|e| crate::Error::BadRequest(format!("redis URL `{url}`: {e:?}")))?;
         conns

@@ -1,0 +1,126 @@
+//! Watching an adapter component file: when a new, complete file appears at the path (an
+//! operator drops it in with an atomic rename), the broker swaps to it. A file still being
+//! written is left alone until it stops changing and loads.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{Broker, SwapReport};
+
+/// How often the file is looked at.
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// What identifies a version of the file: inode, size and modification time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Version {
+    inode: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+fn version(path: &Path) -> Option<Version> {
+    let meta = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some(Version {
+        inode,
+        len: meta.len(),
+        modified: meta.modified().ok(),
+    })
+}
+
+/// What the watcher did last.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// Watching; nothing swapped yet.
+    Watching,
+    /// Swapped to a new version of the file.
+    Swapped(SwapReport),
+    /// A new version could not be loaded or started; the running adapter stays.
+    Refused(String),
+}
+
+/// A running file watch; dropping it stops watching.
+#[derive(Debug)]
+pub struct Watcher {
+    events: watch::Receiver<(u64, WatchEvent)>,
+    stop: CancellationToken,
+}
+
+impl Watcher {
+    /// The number of events so far and the last one.
+    pub fn last(&self) -> (u64, WatchEvent) {
+        self.events.borrow().clone()
+    }
+
+    /// Wait for the next event.
+    pub async fn next(&mut self) -> Option<WatchEvent> {
+        self.events.changed().await.ok()?;
+        Some(self.events.borrow().1.clone())
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Broker {
+    /// Swap to the component at `path` whenever a new, complete version of the file appears
+    /// (options as given here). The version present now counts as the running one.
+    pub fn watch<K: Into<String>, V: Into<String>>(
+        &self,
+        path: impl Into<PathBuf>,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Watcher {
+        let path = path.into();
+        let options: Vec<(String, String)> = options
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let (tx, events) = watch::channel((0, WatchEvent::Watching));
+        let stop = CancellationToken::new();
+        let broker = self.clone();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let mut running = version(&path);
+            let mut seen = running.clone();
+            let mut count = 0;
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = tokio::time::sleep(POLL) => {}
+                }
+                let now = version(&path);
+                // Act on a version only once it held still for one poll, and only once.
+                let settled = now.is_some() && now == seen && now != running;
+                seen = now.clone();
+                if !settled {
+                    continue;
+                }
+                running = now;
+                let event = match broker.swap(&path, options.clone()).await {
+                    Ok(report) => {
+                        tracing::info!(path = %path.display(), generation = report.generation, "swapped to a new adapter file");
+                        WatchEvent::Swapped(report)
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "a new adapter file was refused: {e}");
+                        WatchEvent::Refused(e.to_string())
+                    }
+                };
+                count += 1;
+                if tx.send((count, event)).is_err() {
+                    return;
+                }
+            }
+        });
+        Watcher { events, stop }
+    }
+}
