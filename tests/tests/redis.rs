@@ -366,3 +366,130 @@ where
         }
     }
 }
+
+/// Redis-specific queue behaviour the contract suite cannot see from outside.
+mod queue_on_redis {
+    use super::*;
+
+    /// Messages a consumer took and never settled (it died: no stop, no release) are
+    /// reclaimed by a live consumer once idle longer than `queue.visibilityMs` (XAUTOCLAIM).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_consumers_deliveries_are_reclaimed() {
+        let factory = redis_factory(url(), &[("queue.visibilityMs", "500")]).await;
+        let broker = factory.instance().await.unwrap();
+        let queue = broker.queue().unwrap();
+        let name = format!("dead-consumer-{}", uuid::Uuid::new_v4().simple());
+        let messages = (0..5)
+            .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
+            .collect();
+        queue.produce_batch(&name, messages).await.unwrap();
+        // A consumer outside any host takes every message and vanishes.
+        let client = redis::Client::open(url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let key = format!("{{wrpc}}:q:{name}");
+        let _: redis::Value = redis::cmd("XGROUP")
+            .arg(&["CREATE", &key, "wrpc", "0", "MKSTREAM"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let taken: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+            .arg(&[
+                "GROUP", "wrpc", "ghost", "COUNT", "10", "STREAMS", &key, ">",
+            ])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(taken.keys[0].ids.len(), 5, "the ghost took all five");
+        let handled: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let started = Instant::now();
+        let consumer = {
+            let handled = handled.clone();
+            queue
+                .consume(
+                    &name,
+                    move |d: Delivery| {
+                        let handled = handled.clone();
+                        async move {
+                            handled
+                                .lock()
+                                .unwrap()
+                                .insert(String::from_utf8_lossy(&d.body).into_owned());
+                            Ok(())
+                        }
+                    },
+                    ConsumeOptions::default(),
+                )
+                .await
+                .unwrap()
+        };
+        while handled.lock().unwrap().len() < 5 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "reclaimed {} of 5",
+                handled.lock().unwrap().len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        consumer.stop().await;
+        let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+            .arg(&[&key, "wrpc"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pending.count(), 0, "nothing is left pending");
+    }
+
+    /// A handler that runs far longer than `queue.visibilityMs` keeps its delivery (XCLAIM
+    /// JUSTID refreshes): a competing consumer never gets a duplicate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_handler_is_not_duplicated() {
+        let factory = redis_factory(url(), &[("queue.visibilityMs", "300")]).await;
+        let (a, b) = (
+            factory.instance().await.unwrap(),
+            factory.instance().await.unwrap(),
+        );
+        let name = format!("long-{}", uuid::Uuid::new_v4().simple());
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let mut consumers = Vec::new();
+        for (who, broker) in [("a", &a), ("b", &b)] {
+            let runs = runs.clone();
+            consumers.push(
+                broker
+                    .queue()
+                    .unwrap()
+                    .consume(
+                        &name,
+                        move |d: Delivery| {
+                            let runs = runs.clone();
+                            async move {
+                                runs.lock().unwrap().push((who, d.attempt));
+                                tokio::time::sleep(Duration::from_millis(1500)).await;
+                                Ok(())
+                            }
+                        },
+                        ConsumeOptions {
+                            prefetch: 1,
+                            dead_letter: None,
+                        },
+                    )
+                    .await
+                    .unwrap(),
+            );
+        }
+        a.queue()
+            .unwrap()
+            .produce(&name, "slow", ProduceOptions::default())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        for consumer in &consumers {
+            consumer.stop().await;
+        }
+        let runs = runs.lock().unwrap().clone();
+        assert_eq!(
+            runs.len(),
+            1,
+            "the slow message ran once, not again elsewhere: {runs:?}"
+        );
+    }
+}

@@ -10,9 +10,12 @@
 //!
 //! `range` reads a page with pipelined direct gets (`$JS.API.DIRECT.GET.<stream>` `{seq}`; the
 //! batch form needs 2.11) and refuses a page whose head was trimmed under it (410). `tail` is an
-//! ephemeral push consumer from the start sequence (ack none, idle heartbeats): each delivery's
-//! sequence comes from its `$JS.ACK` subject; a sequence jump, 3 s without a heartbeat or a
-//! dropped reader ends the stream, and the host re-joins with `range`.
+//! ephemeral push consumer from the start sequence (ack none, idle heartbeats, memory state) on
+//! a fresh inbox; each delivery's sequence comes from its `$JS.ACK` subject. When the tail hears
+//! nothing for 3.5 s (a server restart forgets memory consumers) it creates a new consumer from
+//! the next sequence on the same inbox, so a restart is invisible to the reader; a sequence jump
+//! (the next entry was trimmed), a failed re-creation or a dropped reader ends the stream, and
+//! the host re-joins with `range`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -312,31 +315,11 @@ impl Guest for Component {
         let deliveries = client::subscribe(deliver.clone(), None)
             .await
             .map_err(crate::nats_error)?;
-        let created = js::api(
-            &format!("CONSUMER.CREATE.{}", state.stream),
-            &json!({
-                "stream_name": state.stream,
-                "config": {
-                    "deliver_policy": "by_start_sequence",
-                    "opt_start_seq": start,
-                    "ack_policy": "none",
-                    "deliver_subject": deliver,
-                    "idle_heartbeat": u64::from(HEARTBEAT_MS) * 1_000_000,
-                    "inactive_threshold": 10_000_000_000u64,
-                    "mem_storage": true,
-                    "num_replicas": 1,
-                }
-            }),
-        )
-        .await
-        .map_err(|e: Fail| e.into_error(&format!("tail consumer on {}", state.stream)))?;
-        let consumer = created
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let consumer = push_consumer(&state.stream, &deliver, start)
+            .await
+            .map_err(|e| e.into_error(&format!("tail consumer on {}", state.stream)))?;
         let (tx, rx) = crate::wit_stream::new::<Entry>();
-        wit_bindgen::spawn_local(follow(state, consumer, start, deliveries, tx));
+        wit_bindgen::spawn_local(follow(state, deliver, consumer, start, deliveries, tx));
         Ok((
             vec![Position {
                 partition: 0,
@@ -347,11 +330,55 @@ impl Guest for Component {
     }
 }
 
+/// Create an ephemeral push consumer on `stream` delivering to `deliver` from sequence `start`
+/// (ack none, idle heartbeats, memory state); its name.
+async fn push_consumer(stream: &str, deliver: &str, start: u64) -> Result<String, Fail> {
+    let created = js::api(
+        &format!("CONSUMER.CREATE.{stream}"),
+        &json!({
+            "stream_name": stream,
+            "config": {
+                "deliver_policy": "by_start_sequence",
+                "opt_start_seq": start,
+                "ack_policy": "none",
+                "deliver_subject": deliver,
+                "idle_heartbeat": u64::from(HEARTBEAT_MS) * 1_000_000,
+                "inactive_threshold": 10_000_000_000u64,
+                "mem_storage": true,
+                "num_replicas": 1,
+            }
+        }),
+    )
+    .await?;
+    Ok(created
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// Delete a tail consumer (best effort: an unused one also goes after its inactivity
+/// threshold).
+async fn delete_consumer(stream: &str, consumer: &str) {
+    if !consumer.is_empty() {
+        let _ = js::api(&format!("CONSUMER.DELETE.{stream}.{consumer}"), &Value::Null).await;
+    }
+}
+
+/// Replace the tail consumer `old` by a new one from `next` on the same inbox, once the server
+/// has the inbox subscription again (after a reconnect the client re-subscribes first).
+async fn recreate(stream: &str, deliver: &str, old: &str, next: u64) -> Result<String, Fail> {
+    delete_consumer(stream, old).await;
+    client::flush().await.map_err(Fail::Nats)?;
+    push_consumer(stream, deliver, next).await
+}
+
 /// Move a tail consumer's deliveries into `to`, in order, until a gap, deafness or a dropped
 /// reader; then delete the consumer.
 async fn follow(
     state: State,
-    consumer: String,
+    deliver: String,
+    mut consumer: String,
     mut next: u64,
     mut from: StreamReader<Message>,
     mut to: wit_bindgen::StreamWriter<Entry>,
@@ -360,14 +387,36 @@ async fn follow(
         let read = pin!(from.read(Vec::with_capacity(crate::BATCH)));
         let (result, batch) = match select(read, pin!(host::sleep(DEAF_MS))).await {
             Either::Left((read, _)) => read,
-            Either::Right(_) => break format!("no heartbeat for {DEAF_MS} ms"),
+            Either::Right(_) => {
+                // The server lost the consumer (a restart forgets memory consumers) or the
+                // connection is down: a new consumer from where this tail stands, on the
+                // same subscription, so the reader sees nothing of it.
+                crate::debug(&format!(
+                    "tail of {}: no heartbeat for {DEAF_MS} ms, re-creating its consumer at {next}",
+                    state.stream
+                ));
+                match recreate(&state.stream, &deliver, &consumer, next).await {
+                    Ok(name) => {
+                        consumer = name;
+                        continue;
+                    }
+                    Err(e) => break format!("no heartbeat, and re-creating the consumer failed: {e:?}"),
+                }
+            }
         };
         let mut entries = Vec::with_capacity(batch.len());
         let mut gap = None;
         let mut heartbeat = false;
+        let mut missed = false;
         for m in batch {
             if m.status.is_some() {
                 heartbeat = true;
+                // A heartbeat names the last sequence the consumer sent: past what arrived
+                // here, deliveries were lost (sent while the subscription was not yet back
+                // after a reconnect).
+                if codec::number(&m.headers, "Nats-Last-Stream").is_some_and(|last| last >= next) {
+                    missed = true;
+                }
                 continue;
             }
             match m.reply.as_deref().and_then(delivered_seq) {
@@ -396,6 +445,16 @@ async fn follow(
         if let Some(gap) = gap {
             break gap;
         }
+        if missed {
+            crate::debug(&format!(
+                "tail of {}: deliveries from {next} were lost, re-creating its consumer",
+                state.stream
+            ));
+            match recreate(&state.stream, &deliver, &consumer, next).await {
+                Ok(name) => consumer = name,
+                Err(e) => break format!("re-creating the consumer failed: {e:?}"),
+            }
+        }
         if !matches!(result, StreamResult::Complete(_)) {
             break "the subscription ended".to_string();
         }
@@ -403,11 +462,5 @@ async fn follow(
     crate::debug(&format!("tail of {} ends: {why}", state.stream));
     drop(from);
     drop(to);
-    if !consumer.is_empty() {
-        let _ = js::api(
-            &format!("CONSUMER.DELETE.{}.{consumer}", state.stream),
-            &Value::Null,
-        )
-        .await;
-    }
+    delete_consumer(&state.stream, &consumer).await;
 }

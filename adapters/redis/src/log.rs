@@ -13,8 +13,10 @@
 //! Live reads: every tail of this instance joins one reader task that issues a single
 //! multi-key `XREAD BLOCK` for all of them on the driver's blocking connection. A new tail
 //! cancels the read in flight (the driver discards that connection) so it joins at once. A tail
-//! whose next entry was trimmed, whose buffer overflows, or whose connection is lost ends; the
-//! host re-joins it with `range`.
+//! whose next entry was trimmed or whose buffer overflows ends; the host re-joins it with
+//! `range`. A lost connection does not end the tails: their positions are in Redis, so the
+//! reader resumes after the driver reconnected — unless the stream's epoch changed meanwhile
+//! (the server came back without its data), which ends them.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -307,7 +309,13 @@ pub(crate) fn stop_all() {
 /// The instance's one reader: a multi-key `XREAD BLOCK` over every live tail, until none is
 /// left.
 async fn reader() {
+    let recheck = Cell::new(false);
     loop {
+        if recheck.get() && !epochs_hold().await {
+            wrpc_broker_guest::sleep(100).await;
+            continue;
+        }
+        recheck.set(false);
         let tails: Vec<Rc<Tail>> = TAILS.with_borrow_mut(|tails| {
             tails.retain(|_, t| !t.end.is_set());
             tails.values().cloned().collect()
@@ -362,11 +370,12 @@ async fn reader() {
                 }
             }
             Err(e) if crate::is_connection_lost(&e) => {
-                wrpc_broker_guest::debug!("log tails: {e:?}; ending them, the host re-joins");
-                for t in &tails {
-                    t.end.set();
-                }
+                // Keep the tails: their positions live in Redis, so once the driver has
+                // reconnected the same XREAD resumes without a gap. A server that came back
+                // without the data (another epoch, or none) ends them instead.
+                wrpc_broker_guest::debug!("log tails: {e:?}; resuming after the reconnect");
                 wrpc_broker_guest::sleep(100).await;
+                recheck.set(true);
             }
             Err(e) => {
                 wrpc_broker_guest::warn!("log tails: XREAD failed: {e:?}");
@@ -374,6 +383,29 @@ async fn reader() {
             }
         }
     }
+}
+
+/// After a lost connection: end every tail whose stream's epoch changed (the server came back
+/// without its data). False while the server cannot be asked yet.
+async fn epochs_hold() -> bool {
+    let tails: Vec<Rc<Tail>> = TAILS.with_borrow(|tails| tails.values().cloned().collect());
+    for t in tails {
+        let known = t.epoch.borrow().clone();
+        if known.is_empty() || t.end.is_set() {
+            continue;
+        }
+        match crate::cmd(args!["GET", &t.epoch_key]).await {
+            Ok(now) if now.text() == Some(known.as_str()) => {}
+            Ok(_) => {
+                wrpc_broker_guest::info!(
+                    "log tail: the stream has another epoch after a reconnect; ending the tail"
+                );
+                t.end.set();
+            }
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 impl Guest for Component {

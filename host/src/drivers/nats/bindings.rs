@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subscriber};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::{NatsDriver, faults};
@@ -21,7 +21,7 @@ wasmtime::component::bindgen!({
 
 use wrpc::nats::client as wit;
 
-/// How long `subscribe` and `flush` wait for the server's PONG.
+/// How long `subscribe` and `flush` wait for the server's round trip.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Link `wrpc:nats/client` into `linker`.
@@ -120,13 +120,36 @@ impl PollBatch for Subscription {
     }
 }
 
-/// Wait for the server's PONG, bounded by [`FLUSH_TIMEOUT`].
+/// Wait until the server has processed everything this connection sent before, bounded by
+/// [`FLUSH_TIMEOUT`]. `async_nats::Client::flush` only flushes the socket, so this is a round
+/// trip of its own: a message to a fresh inbox this connection subscribes to comes back only
+/// after the server handled every earlier operation (a SUB, an UNSUB, a PUB) of the connection.
 async fn flush(client: &async_nats::Client) -> Result<(), wit::NatsError> {
-    match tokio::time::timeout(FLUSH_TIMEOUT, client.flush()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(wit::NatsError::Unavailable(format!("flush: {e}"))),
+    let round_trip = async {
+        let inbox = client.new_inbox();
+        let mut echo = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
+        client
+            .publish(inbox, bytes::Bytes::new())
+            .await
+            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
+        match echo.next().await {
+            Some(_) => Ok(()),
+            None => Err(wit::NatsError::Unavailable(
+                "flush: the connection closed".into(),
+            )),
+        }
+    };
+    match tokio::time::timeout(FLUSH_TIMEOUT, round_trip).await {
+        Ok(result) => result,
         Err(_) => Err(wit::NatsError::Timeout(format!(
-            "no PONG from the server within {FLUSH_TIMEOUT:?}"
+            "the server did not answer within {FLUSH_TIMEOUT:?}"
         ))),
     }
 }

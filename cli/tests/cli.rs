@@ -65,7 +65,7 @@ fn demo_refuses_an_unsupported_broker() {
 
 #[test]
 fn inspect_lists_the_memory_adapter() {
-    let output = wrpc_broker(&["inspect", env!("WRPC_MEMORY_COMPONENT")]);
+    let output = wrpc_broker(&["inspect", wrpc_broker_contract::components::MEMORY]);
     let out = stdout(&output);
     assert!(output.status.success(), "{out}\n{}", stderr(&output));
     let line = |key: &str| {

@@ -17,6 +17,7 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
     let runtime = Runtime::shared()?;
     let drivers = DriverConnections {
         memory: Some(MemoryStore::new()),
+        ..Default::default()
     };
     let component = Arc::new(runtime.load_file(path, &drivers)?);
     let config = InstanceConfig {

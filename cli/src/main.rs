@@ -1,8 +1,12 @@
-//! `wrpc-broker`: the command line of the host — `inspect` an adapter component, or run the
-//! `demo` scenario on the embedded memory adapter. Logs go to stderr, filtered by `RUST_LOG`
-//! (default `warn`); results go to stdout.
+//! `wrpc-broker`: the command line of the host — run the `demo`, `inspect` an adapter
+//! component, `check` one against the contract suite, `bench` one against the native client.
+//! Logs go to stderr, filtered by `RUST_LOG` (default `warn`); results go to stdout.
 
+mod bench;
+mod check;
 mod cli;
+mod demo;
+mod inspect;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,360 @@
+//! `wrpc-broker bench`: each operation through the adapter component and the same work done
+//! natively on the broker, alternating in one run, with ops/s, p50, p99 and the ratio.
+//!
+//! For the memory broker the native side is the `wrpc:memory` store called directly (the exact
+//! calls the memory adapter makes). Speed is measured here, never asserted in a test.
+
+mod memory;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use wrpc_broker::runtime::Runtime;
+use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, MemoryStore, ProduceOptions, ReadFrom};
+
+use stats::{Row, Sample};
+
+/// What to benchmark and for how long.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The broker URL (`memory://` by default).
+    pub broker: String,
+    /// An adapter component file instead of the one embedded for the broker.
+    pub adapter: Option<PathBuf>,
+    /// Payload size in bytes.
+    pub size: usize,
+    /// Time spent on each operation (split between the two sides, alternating).
+    pub duration: Duration,
+}
+
+/// Rounds per operation: component, native, component, native, …
+const ROUNDS: u32 = 3;
+
+/// Two host instances on one broker, and the native side of that broker.
+pub struct Setup {
+    /// The first host instance.
+    pub a: Broker,
+    /// The second host instance (request/reply across instances).
+    pub b: Broker,
+    /// The native side, when this broker has one here.
+    pub native: Option<memory::Native>,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+    /// Time per half-round.
+    pub slice: Duration,
+}
+
+async fn open(config: &BenchConfig, store: Option<Arc<MemoryStore>>) -> anyhow::Result<Broker> {
+    let mut builder = Broker::builder().url(&config.broker)?;
+    if let Some(store) = store {
+        builder = builder.memory_store(store);
+    }
+    if let Some(adapter) = &config.adapter {
+        builder = builder.component_file(adapter);
+    }
+    Ok(builder.open().await?)
+}
+
+/// Run every operation and return the rows, printing progress to stderr.
+pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> {
+    let store = config.broker.starts_with("memory").then(MemoryStore::new);
+    let setup = Setup {
+        a: open(config, store.clone()).await?,
+        b: open(config, store.clone()).await?,
+        native: store.map(memory::Native::new),
+        payload: vec![b'x'; config.size],
+        slice: config.duration / (2 * ROUNDS),
+    };
+    let mut rows = Vec::new();
+    macro_rules! measure {
+        ($name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
+            eprintln!("bench: {}", $name);
+            let mut row = Row { operation: $name.to_string(), unit: $unit, component: Sample::default(), native: None };
+            for _ in 0..ROUNDS {
+                row.component.merge($component.await?);
+                if let Some($n) = &setup.native {
+                    let sample = $native.await?;
+                    row.native.get_or_insert_with(Sample::default).merge(sample);
+                }
+            }
+            rows.push(row);
+        }};
+    }
+    measure!("trivial export call (parse-id)", "calls", trivial_call(&setup), |_n| async { anyhow::Ok(memory::trivial_call(setup.slice)) });
+    measure!("log append, 1 in flight", "ops", log_append(&setup, 1), |n| n.log_append(&setup, 1));
+    measure!("log append, 64 in flight", "ops", log_append(&setup, 64), |n| n.log_append(&setup, 64));
+    measure!("log read, catch-up 10k", "entries", log_catch_up(&setup), |n| n.log_catch_up(&setup));
+    measure!("log read, live (append→read)", "entries", log_live(&setup), |n| n.log_live(&setup));
+    for prefetch in [1u32, 64] {
+        measure!(
+            format!("queue produce+consume+ack, prefetch {prefetch}"),
+            "msgs",
+            queue_round_trip(&setup, prefetch),
+            |n| n.queue_round_trip(&setup, prefetch)
+        );
+    }
+    measure!("direct request/reply (2 instances)", "reqs", request_reply(&setup), |n| n.request_reply(&setup));
+    for subscribers in [1usize, 1000] {
+        measure!(
+            format!("backplane publish → {subscribers} local subscribers"),
+            "deliveries",
+            fan_out(&setup, subscribers),
+            |n| n.fan_out(&setup, subscribers)
+        );
+    }
+    let load = load_times(config).await?;
+    Ok((rows, load))
+}
+
+fn unique(prefix: &str) -> String {
+    format!("bench-{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Run `op` repeatedly for `slice`, timing each.
+async fn timed<F, Fut>(slice: Duration, mut op: F) -> anyhow::Result<Sample>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    let started = Instant::now();
+    let mut sample = Sample::default();
+    while started.elapsed() < slice {
+        let t = Instant::now();
+        sample.ops += op().await?;
+        sample.latencies.push(t.elapsed());
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+async fn trivial_call(setup: &Setup) -> anyhow::Result<Sample> {
+    let adapter = setup.a.adapter();
+    timed(setup.slice, || {
+        let adapter = adapter.clone();
+        async move {
+            let _ = adapter.log_parse_id("x:1".into()).await;
+            Ok(1)
+        }
+    })
+    .await
+}
+
+async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
+    let log = setup.a.log()?;
+    let topic = unique("append");
+    let deadline = Instant::now() + setup.slice;
+    let started = Instant::now();
+    let workers = (0..in_flight).map(|_| {
+        let (log, topic, payload) = (log.clone(), topic.clone(), setup.payload.clone());
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                log.append(&topic, payload.clone(), AppendOptions::default()).await?;
+                latencies.push(t.elapsed());
+            }
+            anyhow::Ok(latencies)
+        })
+    });
+    let mut sample = Sample::default();
+    for worker in futures::future::join_all(workers).await {
+        let latencies = worker??;
+        sample.ops += latencies.len() as u64;
+        sample.latencies.extend(latencies);
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+/// Entries a catch-up read goes through.
+pub const CATCH_UP: usize = 10_000;
+
+async fn log_catch_up(setup: &Setup) -> anyhow::Result<Sample> {
+    let log = setup.a.log()?;
+    let topic = unique("catchup");
+    for chunk in 0..CATCH_UP / 250 {
+        let batch = (0..250).map(|_| (setup.payload.clone(), AppendOptions::default())).collect();
+        log.append_batch(&topic, batch).await.with_context(|| format!("filling chunk {chunk}"))?;
+    }
+    timed(setup.slice, || {
+        let (log, topic) = (setup.b.log(), topic.clone());
+        async move {
+            let mut reader = log?.read(&topic, ReadFrom::Earliest).await?;
+            for _ in 0..CATCH_UP {
+                reader.next_entry().await.context("reader ended")??;
+            }
+            Ok(CATCH_UP as u64)
+        }
+    })
+    .await
+}
+
+async fn log_live(setup: &Setup) -> anyhow::Result<Sample> {
+    let log = setup.a.log()?;
+    let topic = unique("live");
+    let mut reader = setup.b.log()?.read(&topic, ReadFrom::Latest).await?;
+    let started = Instant::now();
+    let mut sample = Sample::default();
+    while started.elapsed() < setup.slice {
+        let t = Instant::now();
+        log.append(&topic, setup.payload.clone(), AppendOptions::default()).await?;
+        reader.next_entry().await.context("reader ended")??;
+        sample.latencies.push(t.elapsed());
+        sample.ops += 1;
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+/// Messages per queue round.
+pub const QUEUE_BATCH: u64 = 1000;
+
+async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
+    let queue = setup.a.queue()?;
+    let name = unique("queue");
+    let handled = Arc::new(AtomicU64::new(0));
+    let counter = handled.clone();
+    let consumer = queue
+        .consume(
+            &name,
+            move |_d| {
+                counter.fetch_add(1, Ordering::Relaxed);
+                async { Ok(()) }
+            },
+            ConsumeOptions { prefetch, dead_letter: None },
+        )
+        .await?;
+    let sample = timed(setup.slice, || {
+        let (queue, name, handled, payload) = (queue.clone(), name.clone(), handled.clone(), setup.payload.clone());
+        async move {
+            let target = handled.load(Ordering::Relaxed) + QUEUE_BATCH;
+            let batch = (0..QUEUE_BATCH).map(|_| (payload.clone(), ProduceOptions::default())).collect();
+            queue.produce_batch(&name, batch).await?;
+            while handled.load(Ordering::Relaxed) < target {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            Ok(QUEUE_BATCH)
+        }
+    })
+    .await;
+    consumer.stop().await;
+    let mut sample = sample?;
+    sample.latencies.clear();
+    Ok(sample)
+}
+
+async fn request_reply(setup: &Setup) -> anyhow::Result<Sample> {
+    let address = unique("rr");
+    let listener = setup
+        .b
+        .direct()?
+        .listen(&address, |incoming| async move { incoming.reply(incoming.packet.body.clone()).await.map_err(Into::into) }, ListenOptions::default())
+        .await?;
+    let direct = setup.a.direct()?;
+    let sample = timed(setup.slice, || {
+        let (direct, address, payload) = (direct.clone(), address.clone(), setup.payload.clone());
+        async move {
+            direct.request(&address, payload, Duration::from_secs(5)).await?;
+            Ok(1)
+        }
+    })
+    .await;
+    listener.stop().await;
+    sample
+}
+
+/// Payloads published per fan-out round.
+pub const FAN_OUT_PAYLOADS: u64 = 100;
+
+async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
+    let backplane = setup.a.backplane()?;
+    let channel = unique("room");
+    let received = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..subscribers {
+        let mut subscription = backplane.subscribe(&channel).await?;
+        let received = received.clone();
+        tasks.push(tokio::spawn(async move {
+            while subscription.recv().await.is_some() {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let sample = timed(setup.slice, || {
+        let (backplane, channel, received, payload) = (backplane.clone(), channel.clone(), received.clone(), setup.payload.clone());
+        async move {
+            let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
+            for _ in 0..FAN_OUT_PAYLOADS {
+                backplane.publish(&channel, payload.clone()).await?;
+            }
+            let waited = Instant::now();
+            while received.load(Ordering::Relaxed) < target && waited.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            Ok(FAN_OUT_PAYLOADS * subscribers as u64)
+        }
+    })
+    .await;
+    for task in tasks {
+        task.abort();
+    }
+    let mut sample = sample?;
+    sample.latencies.clear();
+    Ok(sample)
+}
+
+/// Component load times: compiled cold, and deserialised from the cache.
+#[derive(Debug, Clone)]
+pub struct LoadTimes {
+    /// The component measured.
+    pub component: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Compile (cold) times.
+    pub cold: Vec<Duration>,
+    /// Load-from-cache times.
+    pub cached: Vec<Duration>,
+}
+
+async fn load_times(config: &BenchConfig) -> anyhow::Result<LoadTimes> {
+    let (name, bytes) = match &config.adapter {
+        Some(path) => (path.display().to_string(), std::fs::read(path)?),
+        None => ("embedded memory adapter".to_string(), wrpc_broker::broker::MEMORY_COMPONENT.to_vec()),
+    };
+    let drivers = wrpc_broker::drivers::DriverConnections { memory: Some(MemoryStore::new()), ..Default::default() };
+    let mut times = LoadTimes { component: name.clone(), size: bytes.len() as u64, cold: Vec::new(), cached: Vec::new() };
+    for _ in 0..3 {
+        let dir = std::env::temp_dir().join(format!("wrpc-bench-cache-{}", uuid::Uuid::new_v4().simple()));
+        let runtime = Runtime::new(&dir)?;
+        let cold = runtime.load_bytes(&name, &bytes, &drivers)?;
+        times.cold.push(cold.load_time);
+        for _ in 0..3 {
+            let cached = runtime.load_bytes(&name, &bytes, &drivers)?;
+            times.cached.push(cached.load_time);
+        }
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(times)
+}
+
+/// The load-time lines.
+pub fn load_table(load: &LoadTimes) -> String {
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (cold, cached) = (median(&load.cold), median(&load.cached));
+    format!(
+        "| load {} ({} KiB) | cold compile {:.1} ms | from cache {:.2} ms | ratio {:.0}× |\n",
+        load.component,
+        load.size / 1024,
+        cold.as_secs_f64() * 1e3,
+        cached.as_secs_f64() * 1e3,
+        cold.as_secs_f64() / cached.as_secs_f64().max(1e-9)
+    )
+}

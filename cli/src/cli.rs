@@ -1,0 +1,89 @@
+//! The subcommands of the `wrpc-broker` binary, parsed with clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::{bench, check, demo, inspect};
+
+use clap::{Parser, Subcommand};
+
+/// Host for message-broker adapters that are WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "wrpc-broker", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load an adapter component and show what it is, offers and needs.
+    Inspect {
+        /// The component file (`.wasm`).
+        component: PathBuf,
+    },
+    /// Run a short scenario on two host instances sharing one broker, and narrate it.
+    Demo {
+        /// The broker: `memory://` (the embedded adapter, default), `redis://127.0.0.1:6379`,
+        /// `nats://127.0.0.1:4222`.
+        #[arg(long, value_name = "URL", default_value = "memory://")]
+        broker: String,
+    },
+    /// Run the contract suite against a component file and print a verdict table; exits
+    /// non-zero on any failure.
+    Check {
+        /// The component file (`.wasm`).
+        component: PathBuf,
+        /// The broker its drivers connect to.
+        #[arg(long, value_name = "URL", default_value = "memory://")]
+        broker: String,
+        /// Only tests whose `capability/name` contains this.
+        #[arg(long, value_name = "NAME")]
+        filter: Option<String>,
+    },
+    /// Measure each operation through the component and natively on the broker, alternating,
+    /// and print ops/s, p50, p99 and the ratio.
+    Bench {
+        /// The broker.
+        #[arg(long, value_name = "URL", default_value = "memory://")]
+        broker: String,
+        /// An adapter component file instead of the one embedded for the broker.
+        #[arg(long, value_name = "FILE")]
+        adapter: Option<PathBuf>,
+        /// Payload size in bytes.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        size: usize,
+        /// Seconds spent on each operation (both sides together).
+        #[arg(long, value_name = "S", default_value_t = 2.0)]
+        duration: f64,
+    },
+}
+
+impl Cli {
+    /// Run the chosen subcommand.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Inspect { component } => inspect::run(&component).await,
+            Command::Demo { broker } => demo::run(&broker).await,
+            Command::Check { component, broker, filter } => {
+                if check::run_check(component, broker, filter).await? {
+                    Ok(())
+                } else {
+                    anyhow::bail!("the component failed the contract suite")
+                }
+            }
+            Command::Bench { broker, adapter, size, duration } => {
+                let config = bench::BenchConfig {
+                    broker,
+                    adapter,
+                    size,
+                    duration: Duration::from_secs_f64(duration),
+                };
+                let (rows, load) = bench::run(&config).await?;
+                println!("{}", bench::stats::table(&rows));
+                print!("{}", bench::load_table(&load));
+                Ok(())
+            }
+        }
+    }
+}
