@@ -16,7 +16,10 @@ pub fn factory(path: PathBuf, url: String) -> anyhow::Result<Factory> {
     let factory = Factory::new(move |options| {
         let (path, url, store) = (path.clone(), url.clone(), store.clone());
         async move {
-            let mut builder = Broker::builder().url(&url)?.component_file(path).options(options);
+            let mut builder = Broker::builder()
+                .url(&url)?
+                .component_file(path)
+                .options(options);
             if let Some(store) = store {
                 builder = builder.memory_store(store);
             }
@@ -25,7 +28,10 @@ pub fn factory(path: PathBuf, url: String) -> anyhow::Result<Factory> {
     });
     Ok(match memory {
         Some(store) => factory.with_settlement_refusals(move |queue, count| {
-            store.inject(Fault::RefuseSettlements { queue: format!("wrpc/queue/{queue}"), count })
+            store.inject(Fault::RefuseSettlements {
+                queue: format!("wrpc/queue/{queue}"),
+                count,
+            })
         }),
         None => factory,
     })
@@ -37,10 +43,18 @@ pub async fn run_check(path: PathBuf, url: String, filter: Option<String>) -> an
         anyhow::bail!("no component file at {}", path.display());
     }
     let factory = factory(path.clone(), url.clone())?;
-    let options = RunOptions { filter: filter.as_deref(), stop_on_failure: false };
+    let options = RunOptions {
+        filter: filter.as_deref(),
+        stop_on_failure: false,
+    };
     eprintln!("checking {} on {url}", path.display());
     let outcomes = run(&factory, options, |i, total, test| {
-        eprint!("\r\x1b[2K[{}/{total}] {}/{}", i + 1, test.capability.name(), test.name);
+        eprint!(
+            "\r\x1b[2K[{}/{total}] {}/{}",
+            i + 1,
+            test.capability.name(),
+            test.name
+        );
         let _ = std::io::stderr().flush();
     })
     .await?;

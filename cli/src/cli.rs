@@ -65,14 +65,23 @@ impl Cli {
         match self.command {
             Command::Inspect { component } => inspect::run(&component).await,
             Command::Demo { broker } => demo::run(&broker).await,
-            Command::Check { component, broker, filter } => {
+            Command::Check {
+                component,
+                broker,
+                filter,
+            } => {
                 if check::run_check(component, broker, filter).await? {
                     Ok(())
                 } else {
                     anyhow::bail!("the component failed the contract suite")
                 }
             }
-            Command::Bench { broker, adapter, size, duration } => {
+            Command::Bench {
+                broker,
+                adapter,
+                size,
+                duration,
+            } => {
                 let config = bench::BenchConfig {
                     broker,
                     adapter,

@@ -54,13 +54,93 @@ fn demo_runs_to_the_summary() {
 
 #[test]
 fn demo_refuses_an_unsupported_broker() {
-    let output = wrpc_broker(&["demo", "--broker", "redis://localhost:6379"]);
+    let output = wrpc_broker(&["demo", "--broker", "mqtt://127.0.0.1:1883"]);
     assert!(!output.status.success());
     assert!(
-        stderr(&output).contains("broker URL scheme `redis` is not supported yet (memory)"),
+        stderr(&output).contains("broker URL scheme `mqtt` is not supported by this build"),
         "{}",
         stderr(&output)
     );
+}
+
+/// A copy of `component` in a fresh directory outside the workspace (as a third party's file).
+fn outside_copy(component: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wrpc-check-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("adapter.wasm");
+    std::fs::copy(component, &copy).unwrap();
+    copy
+}
+
+#[test]
+fn check_passes_the_memory_adapter_copied_outside_the_workspace() {
+    let copy = outside_copy(wrpc_broker_contract::components::MEMORY);
+    let output = wrpc_broker(&["check", copy.to_str().unwrap()]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}\n{}", stderr(&output));
+    for capability in ["backplane", "log", "queue", "direct"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(capability) && l.contains(" pass ")),
+            "{capability}:\n{out}"
+        );
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+    assert!(out.contains(" 0 failed, 0 skipped"), "{out}");
+    std::fs::remove_dir_all(copy.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn check_fails_a_mutant_naming_the_broken_test() {
+    for (mutant, filter, broken) in [
+        (
+            "skip-entry",
+            "log/",
+            "append_100_with_headers_and_keys_reads_back_in_order",
+        ),
+        (
+            "lose-retry",
+            "queue/retry",
+            "retry_redelivers_after_the_delay_with_attempt_plus_one",
+        ),
+    ] {
+        let path = wrpc_broker_contract::components::MUTANTS
+            .iter()
+            .find(|(m, _)| *m == mutant)
+            .unwrap()
+            .1;
+        let copy = outside_copy(path);
+        let output = wrpc_broker(&["check", copy.to_str().unwrap(), "--filter", filter]);
+        let out = stdout(&output);
+        assert!(!output.status.success(), "mutant {mutant} passed:\n{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains(broken) && l.contains("FAIL")),
+            "mutant {mutant}:\n{out}"
+        );
+        assert!(
+            stderr(&output).contains("failed the contract suite"),
+            "{}",
+            stderr(&output)
+        );
+        std::fs::remove_dir_all(copy.parent().unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn bench_prints_the_table_for_memory() {
+    let output = wrpc_broker(&["bench", "--duration", "0.3"]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}\n{}", stderr(&output));
+    for operation in [
+        "log append, 1 in flight",
+        "queue produce+consume+ack, prefetch 64",
+        "direct request/reply",
+        "backplane publish → 1000",
+        "cold compile",
+    ] {
+        assert!(out.contains(operation), "{operation}:\n{out}");
+    }
 }
 
 #[test]

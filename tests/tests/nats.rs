@@ -215,7 +215,6 @@ impl Drop for OwnServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_loses_nothing() {
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
     if TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_ok() {
         panic!("port {RESTART_PORT} is taken: the restart test needs it for its own server");
     }

@@ -361,7 +361,11 @@ async fn push_consumer(stream: &str, deliver: &str, start: u64) -> Result<String
 /// threshold).
 async fn delete_consumer(stream: &str, consumer: &str) {
     if !consumer.is_empty() {
-        let _ = js::api(&format!("CONSUMER.DELETE.{stream}.{consumer}"), &Value::Null).await;
+        let _ = js::api(
+            &format!("CONSUMER.DELETE.{stream}.{consumer}"),
+            &Value::Null,
+        )
+        .await;
     }
 }
 
@@ -400,7 +404,9 @@ async fn follow(
                         consumer = name;
                         continue;
                     }
-                    Err(e) => break format!("no heartbeat, and re-creating the consumer failed: {e:?}"),
+                    Err(e) => {
+                        break format!("no heartbeat, and re-creating the consumer failed: {e:?}");
+                    }
                 }
             }
         };

@@ -144,7 +144,7 @@ async fn ensure_stream(config: &Config, queue: &str) -> Result<(), Error> {
     let stream = config.stream("q", queue)?;
     let subject = config.subject("q", queue)?;
     js::stream_info_or_create(&stream, || {
-        let mut c = js::stream_config(config, &stream, &subject, format!("wrpc queue"));
+        let mut c = js::stream_config(config, &stream, &subject, "wrpc queue".to_string());
         c["retention"] = json!("workqueue");
         c
     })
@@ -361,16 +361,15 @@ impl Consumer {
                 }
                 continue;
             }
-            if std::mem::take(&mut self.ledger.borrow_mut().recreate) {
-                if let Err(e) = create_durable(&config, &self.queue, &self.stream).await {
-                    crate::debug(&format!(
-                        "queue {}: re-creating the consumer: {e:?}",
-                        self.queue
-                    ));
-                    self.ledger.borrow_mut().recreate = true;
-                    host::sleep(200).await;
-                    continue;
-                }
+            let recreate = std::mem::take(&mut self.ledger.borrow_mut().recreate);
+            if recreate && let Err(e) = create_durable(&config, &self.queue, &self.stream).await {
+                crate::debug(&format!(
+                    "queue {}: re-creating the consumer: {e:?}",
+                    self.queue
+                ));
+                self.ledger.borrow_mut().recreate = true;
+                host::sleep(200).await;
+                continue;
             }
             let now = host::now_ms();
             let expired = self
@@ -436,12 +435,11 @@ impl Consumer {
         }
         self.unsubscribe.set();
         drop(to);
-        let (unsettled, out) = {
+        let unsettled = {
             let mut ledger = self.ledger.borrow_mut();
             ledger.out.clear();
-            (std::mem::take(&mut ledger.unsettled), ())
+            std::mem::take(&mut ledger.unsettled)
         };
-        let _ = out;
         for held in unsettled.into_values() {
             nak(&held.ack, 0).await;
         }

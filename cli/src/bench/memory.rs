@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use wrpc_broker::drivers::memory::store::{LogRecord, Packet, Queued};
 use wrpc_broker::MemoryStore;
+use wrpc_broker::drivers::memory::store::{LogRecord, Packet, Queued};
 
 use super::stats::Sample;
 use super::{CATCH_UP, FAN_OUT_PAYLOADS, QUEUE_BATCH, Setup, timed, unique};
@@ -21,7 +21,11 @@ pub struct Native {
 const MAX_ENTRIES: u32 = 10_000;
 
 fn record(payload: &[u8]) -> LogRecord {
-    LogRecord { value: payload.to_vec(), headers: vec![], key: None }
+    LogRecord {
+        value: payload.to_vec(),
+        headers: vec![],
+        key: None,
+    }
 }
 
 /// A plain function call, for the trivial-export row.
@@ -49,7 +53,8 @@ impl Native {
         let deadline = Instant::now() + setup.slice;
         let started = Instant::now();
         let workers = (0..in_flight).map(|_| {
-            let (store, topic, payload) = (self.store.clone(), topic.clone(), setup.payload.clone());
+            let (store, topic, payload) =
+                (self.store.clone(), topic.clone(), setup.payload.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
@@ -76,7 +81,12 @@ impl Native {
     pub async fn log_catch_up(&self, setup: &Setup) -> anyhow::Result<Sample> {
         let topic = unique("native-catchup");
         for _ in 0..CATCH_UP / 250 {
-            self.store.log_append(&topic, "bench", MAX_ENTRIES, (0..250).map(|_| record(&setup.payload)).collect());
+            self.store.log_append(
+                &topic,
+                "bench",
+                MAX_ENTRIES,
+                (0..250).map(|_| record(&setup.payload)).collect(),
+            );
         }
         timed(setup.slice, || {
             let (store, topic) = (self.store.clone(), topic.clone());
@@ -102,7 +112,8 @@ impl Native {
         let mut sample = Sample::default();
         while started.elapsed() < setup.slice {
             let t = Instant::now();
-            self.store.log_append(&topic, "bench", MAX_ENTRIES, vec![record(&setup.payload)]);
+            self.store
+                .log_append(&topic, "bench", MAX_ENTRIES, vec![record(&setup.payload)]);
             follower.next_batch(1).await.context("follower ended")?;
             sample.latencies.push(t.elapsed());
             sample.ops += 1;
@@ -116,7 +127,13 @@ impl Native {
         let mut sample = timed(setup.slice, || {
             let (store, name, payload) = (self.store.clone(), name.clone(), setup.payload.clone());
             async move {
-                let batch = (0..QUEUE_BATCH).map(|_| Queued { body: payload.clone(), headers: vec![], delay_ms: 0 }).collect();
+                let batch = (0..QUEUE_BATCH)
+                    .map(|_| Queued {
+                        body: payload.clone(),
+                        headers: vec![],
+                        delay_ms: 0,
+                    })
+                    .collect();
                 store.queue_push(&name, batch)?;
                 let mut done = 0;
                 while done < QUEUE_BATCH {
@@ -143,8 +160,15 @@ impl Native {
             tokio::spawn(async move {
                 while let Some(batch) = requests.next_batch(64).await {
                     for packet in batch {
-                        let Some(reply_to) = packet.reply_to.clone() else { continue };
-                        let reply = Packet { body: packet.body, headers: vec![], correlation_id: packet.correlation_id, reply_to: None };
+                        let Some(reply_to) = packet.reply_to.clone() else {
+                            continue;
+                        };
+                        let reply = Packet {
+                            body: packet.body,
+                            headers: vec![],
+                            correlation_id: packet.correlation_id,
+                            reply_to: None,
+                        };
                         let _ = store.inbox_send(&reply_to, reply, 5000).await;
                     }
                 }
@@ -188,14 +212,22 @@ impl Native {
             })
             .collect();
         let mut sample = timed(setup.slice, || {
-            let (store, channel, received, payload) = (self.store.clone(), channel.clone(), received.clone(), setup.payload.clone());
+            let (store, channel, received, payload) = (
+                self.store.clone(),
+                channel.clone(),
+                received.clone(),
+                setup.payload.clone(),
+            );
             async move {
-                let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
+                let target =
+                    received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
                 for _ in 0..FAN_OUT_PAYLOADS {
                     store.channel_publish(&channel, vec![payload.clone()]);
                 }
                 let waited = Instant::now();
-                while received.load(Ordering::Relaxed) < target && waited.elapsed() < Duration::from_secs(10) {
+                while received.load(Ordering::Relaxed) < target
+                    && waited.elapsed() < Duration::from_secs(10)
+                {
                     tokio::time::sleep(Duration::from_micros(200)).await;
                 }
                 Ok(FAN_OUT_PAYLOADS * subscribers as u64)

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use wrpc_broker::runtime::Runtime;
-use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, MemoryStore, ProduceOptions, ReadFrom};
+use wrpc_broker::{
+    AppendOptions, Broker, ConsumeOptions, ListenOptions, MemoryStore, ProduceOptions, ReadFrom,
+};
 
 use stats::{Row, Sample};
 
@@ -73,7 +75,12 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> 
     macro_rules! measure {
         ($name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
             eprintln!("bench: {}", $name);
-            let mut row = Row { operation: $name.to_string(), unit: $unit, component: Sample::default(), native: None };
+            let mut row = Row {
+                operation: $name.to_string(),
+                unit: $unit,
+                component: Sample::default(),
+                native: None,
+            };
             for _ in 0..ROUNDS {
                 row.component.merge($component.await?);
                 if let Some($n) = &setup.native {
@@ -84,11 +91,36 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> 
             rows.push(row);
         }};
     }
-    measure!("trivial export call (parse-id)", "calls", trivial_call(&setup), |_n| async { anyhow::Ok(memory::trivial_call(setup.slice)) });
-    measure!("log append, 1 in flight", "ops", log_append(&setup, 1), |n| n.log_append(&setup, 1));
-    measure!("log append, 64 in flight", "ops", log_append(&setup, 64), |n| n.log_append(&setup, 64));
-    measure!("log read, catch-up 10k", "entries", log_catch_up(&setup), |n| n.log_catch_up(&setup));
-    measure!("log read, live (append→read)", "entries", log_live(&setup), |n| n.log_live(&setup));
+    measure!(
+        "trivial export call (parse-id)",
+        "calls",
+        trivial_call(&setup),
+        |_n| async { anyhow::Ok(memory::trivial_call(setup.slice)) }
+    );
+    measure!(
+        "log append, 1 in flight",
+        "ops",
+        log_append(&setup, 1),
+        |n| n.log_append(&setup, 1)
+    );
+    measure!(
+        "log append, 64 in flight",
+        "ops",
+        log_append(&setup, 64),
+        |n| n.log_append(&setup, 64)
+    );
+    measure!(
+        "log read, catch-up 10k",
+        "entries",
+        log_catch_up(&setup),
+        |n| n.log_catch_up(&setup)
+    );
+    measure!(
+        "log read, live (append→read)",
+        "entries",
+        log_live(&setup),
+        |n| n.log_live(&setup)
+    );
     for prefetch in [1u32, 64] {
         measure!(
             format!("queue produce+consume+ack, prefetch {prefetch}"),
@@ -97,7 +129,12 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> 
             |n| n.queue_round_trip(&setup, prefetch)
         );
     }
-    measure!("direct request/reply (2 instances)", "reqs", request_reply(&setup), |n| n.request_reply(&setup));
+    measure!(
+        "direct request/reply (2 instances)",
+        "reqs",
+        request_reply(&setup),
+        |n| n.request_reply(&setup)
+    );
     for subscribers in [1usize, 1000] {
         measure!(
             format!("backplane publish → {subscribers} local subscribers"),
@@ -154,7 +191,8 @@ async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let t = Instant::now();
-                log.append(&topic, payload.clone(), AppendOptions::default()).await?;
+                log.append(&topic, payload.clone(), AppendOptions::default())
+                    .await?;
                 latencies.push(t.elapsed());
             }
             anyhow::Ok(latencies)
@@ -177,8 +215,12 @@ async fn log_catch_up(setup: &Setup) -> anyhow::Result<Sample> {
     let log = setup.a.log()?;
     let topic = unique("catchup");
     for chunk in 0..CATCH_UP / 250 {
-        let batch = (0..250).map(|_| (setup.payload.clone(), AppendOptions::default())).collect();
-        log.append_batch(&topic, batch).await.with_context(|| format!("filling chunk {chunk}"))?;
+        let batch = (0..250)
+            .map(|_| (setup.payload.clone(), AppendOptions::default()))
+            .collect();
+        log.append_batch(&topic, batch)
+            .await
+            .with_context(|| format!("filling chunk {chunk}"))?;
     }
     timed(setup.slice, || {
         let (log, topic) = (setup.b.log(), topic.clone());
@@ -201,7 +243,8 @@ async fn log_live(setup: &Setup) -> anyhow::Result<Sample> {
     let mut sample = Sample::default();
     while started.elapsed() < setup.slice {
         let t = Instant::now();
-        log.append(&topic, setup.payload.clone(), AppendOptions::default()).await?;
+        log.append(&topic, setup.payload.clone(), AppendOptions::default())
+            .await?;
         reader.next_entry().await.context("reader ended")??;
         sample.latencies.push(t.elapsed());
         sample.ops += 1;
@@ -225,14 +268,24 @@ async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample
                 counter.fetch_add(1, Ordering::Relaxed);
                 async { Ok(()) }
             },
-            ConsumeOptions { prefetch, dead_letter: None },
+            ConsumeOptions {
+                prefetch,
+                dead_letter: None,
+            },
         )
         .await?;
     let sample = timed(setup.slice, || {
-        let (queue, name, handled, payload) = (queue.clone(), name.clone(), handled.clone(), setup.payload.clone());
+        let (queue, name, handled, payload) = (
+            queue.clone(),
+            name.clone(),
+            handled.clone(),
+            setup.payload.clone(),
+        );
         async move {
             let target = handled.load(Ordering::Relaxed) + QUEUE_BATCH;
-            let batch = (0..QUEUE_BATCH).map(|_| (payload.clone(), ProduceOptions::default())).collect();
+            let batch = (0..QUEUE_BATCH)
+                .map(|_| (payload.clone(), ProduceOptions::default()))
+                .collect();
             queue.produce_batch(&name, batch).await?;
             while handled.load(Ordering::Relaxed) < target {
                 tokio::time::sleep(Duration::from_micros(200)).await;
@@ -252,13 +305,24 @@ async fn request_reply(setup: &Setup) -> anyhow::Result<Sample> {
     let listener = setup
         .b
         .direct()?
-        .listen(&address, |incoming| async move { incoming.reply(incoming.packet.body.clone()).await.map_err(Into::into) }, ListenOptions::default())
+        .listen(
+            &address,
+            |incoming| async move {
+                incoming
+                    .reply(incoming.packet.body.clone())
+                    .await
+                    .map_err(Into::into)
+            },
+            ListenOptions::default(),
+        )
         .await?;
     let direct = setup.a.direct()?;
     let sample = timed(setup.slice, || {
         let (direct, address, payload) = (direct.clone(), address.clone(), setup.payload.clone());
         async move {
-            direct.request(&address, payload, Duration::from_secs(5)).await?;
+            direct
+                .request(&address, payload, Duration::from_secs(5))
+                .await?;
             Ok(1)
         }
     })
@@ -285,14 +349,21 @@ async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
         }));
     }
     let sample = timed(setup.slice, || {
-        let (backplane, channel, received, payload) = (backplane.clone(), channel.clone(), received.clone(), setup.payload.clone());
+        let (backplane, channel, received, payload) = (
+            backplane.clone(),
+            channel.clone(),
+            received.clone(),
+            setup.payload.clone(),
+        );
         async move {
             let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
             for _ in 0..FAN_OUT_PAYLOADS {
                 backplane.publish(&channel, payload.clone()).await?;
             }
             let waited = Instant::now();
-            while received.load(Ordering::Relaxed) < target && waited.elapsed() < Duration::from_secs(10) {
+            while received.load(Ordering::Relaxed) < target
+                && waited.elapsed() < Duration::from_secs(10)
+            {
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
             Ok(FAN_OUT_PAYLOADS * subscribers as u64)
@@ -323,12 +394,26 @@ pub struct LoadTimes {
 async fn load_times(config: &BenchConfig) -> anyhow::Result<LoadTimes> {
     let (name, bytes) = match &config.adapter {
         Some(path) => (path.display().to_string(), std::fs::read(path)?),
-        None => ("embedded memory adapter".to_string(), wrpc_broker::broker::MEMORY_COMPONENT.to_vec()),
+        None => (
+            "embedded memory adapter".to_string(),
+            wrpc_broker::broker::MEMORY_COMPONENT.to_vec(),
+        ),
     };
-    let drivers = wrpc_broker::drivers::DriverConnections { memory: Some(MemoryStore::new()), ..Default::default() };
-    let mut times = LoadTimes { component: name.clone(), size: bytes.len() as u64, cold: Vec::new(), cached: Vec::new() };
+    let drivers = wrpc_broker::drivers::DriverConnections {
+        memory: Some(MemoryStore::new()),
+        ..Default::default()
+    };
+    let mut times = LoadTimes {
+        component: name.clone(),
+        size: bytes.len() as u64,
+        cold: Vec::new(),
+        cached: Vec::new(),
+    };
     for _ in 0..3 {
-        let dir = std::env::temp_dir().join(format!("wrpc-bench-cache-{}", uuid::Uuid::new_v4().simple()));
+        let dir = std::env::temp_dir().join(format!(
+            "wrpc-bench-cache-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
         let runtime = Runtime::new(&dir)?;
         let cold = runtime.load_bytes(&name, &bytes, &drivers)?;
         times.cold.push(cold.load_time);

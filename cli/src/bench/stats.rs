@@ -58,12 +58,27 @@ fn micros(d: Option<Duration>) -> String {
 /// The table: ops/s, p50 and p99 in µs for both sides, and the ratio component / native
 /// (of throughput: below 1 means the component is slower).
 pub fn table(rows: &[Row]) -> String {
-    let width = rows.iter().map(|r| r.operation.len()).max().unwrap_or(9).max(9);
+    let width = rows
+        .iter()
+        .map(|r| r.operation.len())
+        .max()
+        .unwrap_or(9)
+        .max(9);
     let mut out = format!(
         "| {:<width$} | {:>13} | {:>9} | {:>9} | {:>13} | {:>9} | {:>9} | {:>6} |\n",
         "operation", "component/s", "p50 µs", "p99 µs", "native/s", "p50 µs", "p99 µs", "ratio"
     );
-    out += &format!("|{}|{}|{}|{}|{}|{}|{}|{}|\n", "-".repeat(width + 2), "-".repeat(15), "-".repeat(11), "-".repeat(11), "-".repeat(15), "-".repeat(11), "-".repeat(11), "-".repeat(8));
+    out += &format!(
+        "|{}|{}|{}|{}|{}|{}|{}|{}|\n",
+        "-".repeat(width + 2),
+        "-".repeat(15),
+        "-".repeat(11),
+        "-".repeat(11),
+        "-".repeat(15),
+        "-".repeat(11),
+        "-".repeat(11),
+        "-".repeat(8)
+    );
     for row in rows {
         let c = &row.component;
         let (native_rate, native_p50, native_p99, ratio) = match &row.native {
