@@ -40,6 +40,18 @@ impl ComponentSource {
     }
 }
 
+/// The adapter component embedded in this build for the broker at `url`, if any.
+pub fn embedded_adapter(url: &str) -> Option<&'static [u8]> {
+    match url.split_once("://").map_or(url, |(scheme, _)| scheme) {
+        "memory" => Some(MEMORY_COMPONENT),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Some(crate::drivers::redis::ADAPTER),
+        #[cfg(feature = "nats")]
+        "nats" => Some(crate::drivers::nats::ADAPTER),
+        _ => None,
+    }
+}
+
 /// The URL schemes [`BrokerBuilder::url`] understands in this build.
 pub fn supported_schemes() -> Vec<&'static str> {
     let mut schemes = vec!["memory"];
@@ -401,14 +413,28 @@ impl Broker {
         path: impl AsRef<std::path::Path>,
         options: impl IntoIterator<Item = (K, V)>,
     ) -> Result<SwapReport> {
+        let path = path.as_ref();
+        let wasm = std::fs::read(path)
+            .map_err(|e| Error::Load(format!("reading {}: {e}", path.display())))?;
+        self.swap_bytes(&path.display().to_string(), &wasm, options)
+            .await
+    }
+
+    /// [`Broker::swap`] to a component given as bytes; `source` names it in errors.
+    pub async fn swap_bytes<K: Into<String>, V: Into<String>>(
+        &self,
+        source: &str,
+        wasm: &[u8],
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<SwapReport> {
         let started = std::time::Instant::now();
         let _one_at_a_time = self.inner.swapping.lock().await;
         let old = self.inner.slot.current();
-        let component = Arc::new(
-            self.inner
-                .runtime
-                .load_file(path, &self.inner.config.drivers)?,
-        );
+        let component = Arc::new(self.inner.runtime.load_bytes(
+            source,
+            wasm,
+            &self.inner.config.drivers,
+        )?);
         let missing: Vec<&str> = old
             .capabilities()
             .names()
