@@ -461,7 +461,10 @@ impl Broker {
             .component
             .write()
             .unwrap_or_else(|e| e.into_inner()) = component;
-        self.inner.queues.switch_all().await;
+        tokio::join!(
+            self.inner.queues.switch_all(),
+            self.inner.inboxes.switch_all()
+        );
         old.retire(new.clone());
         old.finished().await;
         Ok(SwapReport {

@@ -29,6 +29,7 @@ use crate::bindings::direct as wit;
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
 use crate::log::Headers;
+use crate::runtime::AdapterInstance;
 
 /// Pause before listening again after an adapter listener's packet stream ended.
 const RELISTEN_PAUSE: Duration = Duration::from_millis(50);
@@ -137,8 +138,9 @@ async fn send_packet(
 // ---------------------------------------------------------------------------------------------
 // Adapter listeners that survive a trap
 
-/// One `listen` of the adapter: the generation it runs on, its id and its packets.
+/// One `listen` of the adapter: the instance and generation it runs on, its id and its packets.
 struct Session {
+    instance: AdapterInstance,
     generation: u32,
     id: wit::ListenerId,
     packets: mpsc::Receiver<Vec<wit::Packet>>,
@@ -169,7 +171,7 @@ impl AdapterListener {
 
     /// Listen on the adapter now; returns once the broker routes packets to it.
     async fn listen(&self) -> Result<Session> {
-        let (generation, id, packets) = self
+        let (instance, generation, id, packets) = self
             .slot
             .retry_trapped(|adapter| {
                 let (address, group) = (self.address.clone(), self.group.clone());
@@ -177,12 +179,14 @@ impl AdapterListener {
                     let (id, packets) = adapter.direct_listen(address, group).await?;
                     // Read after the call: a call queued while a trapped instance was being
                     // replaced runs on the new one, whose generation is published first.
-                    Ok((adapter.generation(), id, packets))
+                    let generation = adapter.generation();
+                    Ok((adapter, generation, id, packets))
                 }
             })
             .await?;
         self.set_current(Some((generation, id)));
         Ok(Session {
+            instance,
             generation,
             id,
             packets,
@@ -224,11 +228,45 @@ impl AdapterListener {
         }
     }
 
+    /// A hot swap: listen on the slot's current adapter first, then stop the listener of
+    /// `session` on the old one, so the address always has a listener. On failure `session`
+    /// stays (it re-listens when the old instance closes).
+    async fn switch(&self, session: Session) -> (Session, Vec<wit::Packet>) {
+        match self.listen().await {
+            Ok(new) => (new, self.stop_and_drain(session).await),
+            Err(e) => {
+                tracing::warn!(address = %self.address, "moving a listener to the new adapter: {e}");
+                (session, Vec::new())
+            }
+        }
+    }
+
+    /// Stop the listener of `session` and collect what it had already received (the packets
+    /// the old adapter delivered before its stream ended), so none is lost in a swap.
+    async fn stop_and_drain(&self, mut session: Session) -> Vec<wit::Packet> {
+        let adapter = session.instance.clone();
+        if adapter.generation() == session.generation
+            && let Err(e) = adapter.direct_stop(session.id).await
+        {
+            tracing::debug!(address = %self.address, "stopping the adapter listener: {e}");
+        }
+        let mut left = Vec::new();
+        while let Ok(Some(batch)) = tokio::time::timeout(DRAIN_WAIT, session.packets.recv()).await {
+            left.extend(batch);
+        }
+        left
+    }
+
     /// Stop the adapter listener of `session`, if its instance is still the live one and its
     /// stream has not ended (after a trap its id may name a listener of the new instance).
     async fn stop(&self, session: Session) {
-        self.set_current(None);
-        let adapter = self.slot.current();
+        {
+            let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            if *current == Some((session.generation, session.id)) {
+                *current = None;
+            }
+        }
+        let adapter = &session.instance;
         if adapter.generation() == session.generation
             && !session.packets.is_closed()
             && let Err(e) = adapter.direct_stop(session.id).await
@@ -258,6 +296,9 @@ impl AdapterListener {
 // ---------------------------------------------------------------------------------------------
 // The reply inbox of a host instance
 
+/// How long a moved listener waits for the old adapter's last packets.
+const DRAIN_WAIT: Duration = Duration::from_millis(500);
+
 /// The replies a host instance waits for, by correlation id.
 type Pending = Mutex<HashMap<String, oneshot::Sender<Packet>>>;
 
@@ -266,6 +307,8 @@ struct ReplyInbox {
     listener: AdapterListener,
     pending: Pending,
     stopping: CancellationToken,
+    /// Asks the router to listen on the slot's current adapter; answered once it does.
+    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
 }
 
 impl ReplyInbox {
@@ -274,14 +317,16 @@ impl ReplyInbox {
         let address = slot
             .retry_trapped(|adapter| async move { adapter.direct_inbox().await })
             .await?;
+        let (switch_tx, switches) = mpsc::channel(4);
         let inbox = Arc::new(ReplyInbox {
             listener: AdapterListener::new(slot, &address, None),
             pending: Mutex::new(HashMap::new()),
             stopping: CancellationToken::new(),
+            switch_tx,
         });
         let session = inbox.listener.listen().await?;
         tracing::debug!(%address, "reply inbox listening");
-        tokio::spawn(inbox.clone().route(session));
+        tokio::spawn(inbox.clone().route(session, switches));
         Ok(inbox)
     }
 
@@ -290,11 +335,22 @@ impl ReplyInbox {
     }
 
     /// Hand every reply to the request waiting for it.
-    async fn route(self: Arc<Self>, mut session: Session) {
+    async fn route(
+        self: Arc<Self>,
+        mut session: Session,
+        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
+    ) {
         loop {
             let batch = tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
+                Some(moved) = switches.recv() => {
+                    let left;
+                    (session, left) = self.listener.switch(session).await;
+                    left.into_iter().for_each(|p| self.deliver(p.into()));
+                    let _ = moved.send(());
+                    continue;
+                }
                 batch = session.packets.recv() => batch,
             };
             match batch {
@@ -347,6 +403,7 @@ impl Drop for PendingGuard<'_> {
 pub(crate) struct Inboxes {
     slot: Arc<AdapterSlot>,
     reply: OnceCell<Arc<ReplyInbox>>,
+    listeners: Mutex<Vec<std::sync::Weak<ListenerShared>>>,
 }
 
 impl Inboxes {
@@ -354,7 +411,33 @@ impl Inboxes {
         Self {
             slot,
             reply: OnceCell::new(),
+            listeners: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Move every live listener, and the reply inbox, to the slot's current adapter: each
+    /// listens there first, then stops its listener on the old one, so an address is never
+    /// without a listener.
+    pub(crate) async fn switch_all(&self) {
+        let mut switches: Vec<mpsc::Sender<oneshot::Sender<()>>> = {
+            let mut listeners = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            listeners.retain(|l| l.strong_count() > 0);
+            listeners
+                .iter()
+                .filter_map(|l| l.upgrade())
+                .map(|l| l.switch_tx.clone())
+                .collect()
+        };
+        if let Some(inbox) = self.reply.get() {
+            switches.push(inbox.switch_tx.clone());
+        }
+        let moves = switches.iter().map(|switch| async move {
+            let (reply, done) = oneshot::channel();
+            if switch.send(reply).await.is_ok() {
+                let _ = done.await;
+            }
+        });
+        futures::future::join_all(moves).await;
     }
 
     /// The reply inbox, listening; made now if this is the first request.
@@ -484,14 +567,22 @@ impl Direct {
         }
         let listener = AdapterListener::new(self.inner.slot.clone(), address, options.group);
         let session = listener.listen().await?;
+        let (switch_tx, switches) = mpsc::channel(4);
         let shared = Arc::new(ListenerShared {
             listener,
             handler: Arc::new(move |incoming| Box::pin(handler(incoming))),
             stopping: CancellationToken::new(),
             handlers: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(options.concurrency)),
+            switch_tx,
         });
-        let runner = tokio::spawn(shared.clone().run(session));
+        self.inner
+            .inboxes
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&shared));
+        let runner = tokio::spawn(shared.clone().run(session, switches));
         Ok(Listener {
             shared,
             runner: Mutex::new(Some(runner)),
@@ -506,15 +597,27 @@ struct ListenerShared {
     handlers: TaskTracker,
     /// Bounds the handlers in flight to `concurrency`.
     slots: Arc<Semaphore>,
+    /// Asks the runner to listen on the slot's current adapter; answered once it does.
+    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
 }
 
 impl ListenerShared {
     /// Hand packets to handlers until stopped; listen again when the stream ends without a stop.
-    async fn run(self: Arc<Self>, mut session: Session) {
+    async fn run(
+        self: Arc<Self>,
+        mut session: Session,
+        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
+    ) {
         'run: loop {
             let batch = tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
+                Some(moved) = switches.recv() => {
+                    let left;
+                    (session, left) = self.listener.switch(session).await;
+                    let _ = moved.send(());
+                    Some(left)
+                }
                 batch = session.packets.recv() => batch,
             };
             let Some(batch) = batch else {

@@ -20,8 +20,18 @@ use wrpc_broker_contract::{Factory, Outcome, RunOptions, any_failed, report, run
 
 /// The shared server the suite runs against.
 const URL: &str = "nats://127.0.0.1:4222";
-/// The port of the restart test's own server.
+/// The port the restart test's own server prefers; a free one is taken when it is busy (two
+/// test runs at once on one machine).
 const RESTART_PORT: u16 = 4233;
+
+/// [`RESTART_PORT`] when free, else a free loopback port.
+fn restart_port() -> u16 {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).ok();
+    let listener = free(RESTART_PORT)
+        .or_else(|| free(0))
+        .expect("a free loopback port");
+    listener.local_addr().expect("its address").port()
+}
 
 /// A fresh prefix (namespace of every subject and stream a test makes).
 fn fresh_prefix() -> String {
@@ -141,9 +151,10 @@ async fn backplane_contract_on_nats() {
 // ---------------------------------------------------------------------------------------------
 // Restart
 
-/// A `nats-server -js` of the test's own, on [`RESTART_PORT`] with its own store directory.
+/// A `nats-server -js` of the test's own, on its own port with its own store directory.
 struct OwnServer {
     child: Option<Child>,
+    port: u16,
     store: PathBuf,
 }
 
@@ -152,7 +163,11 @@ impl OwnServer {
         let store =
             std::env::temp_dir().join(format!("wrpc-nats-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&store).expect("a store directory");
-        let mut server = OwnServer { child: None, store };
+        let mut server = OwnServer {
+            child: None,
+            port: restart_port(),
+            store,
+        };
         server.spawn();
         server
     }
@@ -172,7 +187,7 @@ impl OwnServer {
                 "-a",
                 "127.0.0.1",
                 "-p",
-                &RESTART_PORT.to_string(),
+                &self.port.to_string(),
                 "-sd",
             ])
             .arg(&self.store)
@@ -182,10 +197,11 @@ impl OwnServer {
             .expect("nats-server starts");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_err() {
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
-                "nats-server did not open port {RESTART_PORT}"
+                "nats-server did not open port {}",
+                self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -215,11 +231,8 @@ impl Drop for OwnServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_loses_nothing() {
-    if TcpStream::connect(("127.0.0.1", RESTART_PORT)).is_ok() {
-        panic!("port {RESTART_PORT} is taken: the restart test needs it for its own server");
-    }
     let mut server = OwnServer::start();
-    let url: &'static str = "nats://127.0.0.1:4233";
+    let url: &'static str = format!("nats://127.0.0.1:{}", server.port).leak();
     let factory = nats_factory(url, "wrpc", vec![("queue.ackWaitMs".into(), "2000".into())]);
     let broker = factory.instance().await.expect("a host instance");
     let other = factory.instance().await.expect("a second host instance");

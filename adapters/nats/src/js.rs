@@ -142,8 +142,10 @@ pub(crate) async fn stream_info_or_create(
         other => return other,
     }
     match api(&format!("STREAM.CREATE.{name}"), &config()).await {
-        // Another instance created it meanwhile (with its own epoch in the description).
-        Err(Fail::Api(e)) if e.err_code == 10058 => {
+        // Another instance created it meanwhile (with its own epoch in the description): 10058
+        // "name in use with a different configuration", or 10065 "subjects overlap" when the
+        // two creates crossed in the server.
+        Err(Fail::Api(e)) if e.err_code == 10058 || e.err_code == 10065 => {
             api(&format!("STREAM.INFO.{name}"), &Value::Null).await
         }
         other => {
