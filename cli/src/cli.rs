@@ -88,9 +88,10 @@ impl Cli {
                     size,
                     duration: Duration::from_secs_f64(duration),
                 };
-                let (rows, load) = bench::run(&config).await?;
+                let (rows, extras) = bench::run(&config).await?;
                 println!("{}", bench::stats::table(&rows));
-                print!("{}", bench::load_table(&load));
+                print!("{}", bench::load_table(&extras.load));
+                print!("{}", bench::swap_table(&extras.swap));
                 Ok(())
             }
         }

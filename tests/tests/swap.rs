@@ -192,7 +192,7 @@ async fn workload(
         "the adapter was swapped {SWAPS} times (generation {generation})"
     );
     println!(
-        "{entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}"
+        "{answered} requests answered; {entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}"
     );
     Ok(generation)
 }

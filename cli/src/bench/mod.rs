@@ -62,7 +62,7 @@ async fn open(config: &BenchConfig, store: Option<Arc<MemoryStore>>) -> anyhow::
 }
 
 /// Run every operation and return the rows, printing progress to stderr.
-pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> {
+pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     let store = config.broker.starts_with("memory").then(MemoryStore::new);
     let setup = Setup {
         a: open(config, store.clone()).await?,
@@ -143,8 +143,108 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, LoadTimes)> 
             |n| n.fan_out(&setup, subscribers)
         );
     }
+    eprintln!("bench: swap pause");
+    let swap = swap_pause(&setup, config).await?;
     let load = load_times(config).await?;
-    Ok((rows, load))
+    Ok((rows, Extras { load, swap }))
+}
+
+/// Results outside the component/native table.
+pub struct Extras {
+    /// Load times, cold and cached.
+    pub load: LoadTimes,
+    /// Append latency during hot swaps and outside them.
+    pub swap: SwapPause,
+}
+
+/// Append latency while the adapter is swapped underneath, against the rest of the run.
+#[derive(Debug, Clone, Default)]
+pub struct SwapPause {
+    /// Swaps done.
+    pub swaps: usize,
+    /// How long each swap took end to end.
+    pub durations: Vec<Duration>,
+    /// Latencies of appends that overlapped a swap.
+    pub during: Sample,
+    /// Latencies of the other appends.
+    pub outside: Sample,
+}
+
+/// Append one at a time for the whole duration while swapping every 100 ms; split the append
+/// latencies by whether they overlapped a swap.
+async fn swap_pause(setup: &Setup, config: &BenchConfig) -> anyhow::Result<SwapPause> {
+    let wasm = match &config.adapter {
+        Some(path) => std::fs::read(path)?,
+        None => wrpc_broker::broker::embedded_adapter(&config.broker)
+            .context("no embedded adapter")?
+            .to_vec(),
+    };
+    let log = setup.a.log()?;
+    let topic = unique("swap");
+    let run_for = config.duration.max(Duration::from_secs(1));
+    let origin = Instant::now();
+    let appends = {
+        let (log, topic, payload) = (log.clone(), topic.clone(), setup.payload.clone());
+        tokio::spawn(async move {
+            let mut spans = Vec::new();
+            while origin.elapsed() < run_for {
+                let start = origin.elapsed();
+                log.append(&topic, payload.clone(), AppendOptions::default())
+                    .await?;
+                spans.push((start, origin.elapsed()));
+            }
+            anyhow::Ok(spans)
+        })
+    };
+    let mut windows = Vec::new();
+    while origin.elapsed() + Duration::from_millis(150) < run_for {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let start = origin.elapsed();
+        setup
+            .a
+            .swap_bytes("bench swap", &wasm, [("", ""); 0])
+            .await?;
+        windows.push((start, origin.elapsed()));
+    }
+    let spans = appends.await??;
+    let mut pause = SwapPause {
+        swaps: windows.len(),
+        durations: windows.iter().map(|(s, e)| *e - *s).collect(),
+        ..Default::default()
+    };
+    for (start, end) in spans {
+        let overlaps = windows.iter().any(|(s, e)| start < *e && end > *s);
+        let side = if overlaps {
+            &mut pause.during
+        } else {
+            &mut pause.outside
+        };
+        side.ops += 1;
+        side.latencies.push(end - start);
+    }
+    Ok(pause)
+}
+
+/// The swap-pause lines.
+pub fn swap_table(pause: &SwapPause) -> String {
+    let us =
+        |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e6));
+    let durations = Sample {
+        latencies: pause.durations.clone(),
+        ..Default::default()
+    };
+    format!(
+        "| hot swap ({} swaps) | swap p50 {} µs, p99 {} µs | append during a swap: {} ops, p50 {} µs, p99 {} µs | outside: {} ops, p50 {} µs, p99 {} µs |\n",
+        pause.swaps,
+        us(durations.quantile(0.5)),
+        us(durations.quantile(0.99)),
+        pause.during.ops,
+        us(pause.during.quantile(0.5)),
+        us(pause.during.quantile(0.99)),
+        pause.outside.ops,
+        us(pause.outside.quantile(0.5)),
+        us(pause.outside.quantile(0.99)),
+    )
 }
 
 fn unique(prefix: &str) -> String {
