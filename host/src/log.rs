@@ -130,11 +130,7 @@ impl Logs {
     async fn join(
         &self,
         topic: &str,
-    ) -> Result<(
-        Arc<TopicTail>,
-        ReaderGuard,
-        broadcast::Receiver<Arc<wit::Entry>>,
-    )> {
+    ) -> Result<(Arc<TopicTail>, ReaderGuard, broadcast::Receiver<TailEvent>)> {
         let mut tails = self.tails.lock().await;
         if let Some(tail) = tails.get(topic).filter(|t| !t.stop.is_cancelled()) {
             let guard = tail.join();
@@ -412,7 +408,7 @@ struct ReaderTask {
     topic: String,
     /// Keeps the shared tail alive while this reader reads.
     guard: ReaderGuard,
-    subscription: broadcast::Receiver<Arc<wit::Entry>>,
+    subscription: broadcast::Receiver<TailEvent>,
     cursor: Cursor,
     out: mpsc::Sender<Result<Entry>>,
 }
@@ -430,7 +426,13 @@ impl ReaderTask {
         }
         loop {
             let entry = match self.subscription.recv().await {
-                Ok(entry) => entry,
+                Ok(TailEvent::Entry(entry)) => entry,
+                Ok(TailEvent::Gap) => {
+                    if self.catch_up().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Err(broadcast::error::RecvError::Lagged(skipped)) => {
                     tracing::debug!(topic = %self.topic, skipped, "reader fell behind the tail; reading pages");
                     if self.catch_up().await.is_err() {
@@ -556,6 +558,15 @@ impl ReaderTask {
     }
 }
 
+/// What a topic tail broadcasts to its local readers.
+#[derive(Clone)]
+enum TailEvent {
+    /// The next entry from the adapter's tail.
+    Entry(Arc<wit::Entry>),
+    /// The tail was re-established past entries it never delivered: read them from pages.
+    Gap,
+}
+
 /// The last position and id a topic tail has seen.
 #[derive(Debug, Default)]
 struct Head {
@@ -567,7 +578,7 @@ struct Head {
 /// If the adapter's stream ends (a trap, a cut connection) it is re-established after the last
 /// entry seen; readers see at worst a gap, which they fill from pages.
 pub(crate) struct TopicTail {
-    tx: Mutex<Option<broadcast::Sender<Arc<wit::Entry>>>>,
+    tx: Mutex<Option<broadcast::Sender<TailEvent>>>,
     head: Mutex<Head>,
     readers: Mutex<usize>,
     stop: CancellationToken,
@@ -593,7 +604,7 @@ impl TopicTail {
         Ok(tail)
     }
 
-    fn subscribe(&self) -> Option<broadcast::Receiver<Arc<wit::Entry>>> {
+    fn subscribe(&self) -> Option<broadcast::Receiver<TailEvent>> {
         self.tx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -640,7 +651,7 @@ impl TopicTail {
                             *next = (*next).max(entry.pos.offset + 1);
                             head.last_id = Some(entry.id.clone());
                         }
-                        let _ = tx.send(Arc::new(entry));
+                        let _ = tx.send(TailEvent::Entry(Arc::new(entry)));
                     }
                 }
                 None => match self.reestablish(&slot, &topic).await {
@@ -652,6 +663,26 @@ impl TopicTail {
         self.stop.cancel();
         // Readers still subscribed see the broadcast close and join a new tail.
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// A re-established tail that starts past what the old one delivered (it started from
+    /// `latest`) tells the readers to fill the gap from pages.
+    fn note_gap(&self, positions: &[types::Position]) {
+        let mut gap = false;
+        {
+            let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
+            for p in positions {
+                let next = head.next.entry(p.partition).or_insert(p.offset);
+                if p.offset > *next {
+                    gap = true;
+                    *next = p.offset;
+                }
+            }
+        }
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (true, Some(tx)) = (gap, tx) {
+            let _ = tx.send(TailEvent::Gap);
+        }
     }
 
     /// A new adapter `tail` after the last entry seen (or from now when that is gone).
@@ -676,7 +707,10 @@ impl TopicTail {
                 _ => types::Start::Latest,
             };
             match slot.current().log_tail(topic.to_string(), origin).await {
-                Ok((_, rx)) => return Some(rx),
+                Ok((positions, rx)) => {
+                    self.note_gap(&positions);
+                    return Some(rx);
+                }
                 Err(Error::Gone(_)) => from_latest = true,
                 Err(Error::Closed(_)) => return None,
                 Err(e) => {

@@ -117,7 +117,7 @@ async fn workload(
                     .await
                     .with_context(|| format!("append {n}"))?;
                 n += 1;
-                if n % 4 == 0 {
+                if n.is_multiple_of(4) {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }

@@ -213,7 +213,14 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             Ok(s) => s,
             Err(e) => {
                 progress(accessor);
-                return Ok(Err(wit::NatsError::BadRequest(e.to_string())));
+                use async_nats::client::SubscribeErrorKind as Kind;
+                let error = match e.kind() {
+                    Kind::InvalidSubject | Kind::InvalidQueueName => {
+                        wit::NatsError::BadRequest(e.to_string())
+                    }
+                    _ => wit::NatsError::Unavailable(e.to_string()),
+                };
+                return Ok(Err(error));
             }
         };
         let flushed = flush(client).await;
