@@ -1,6 +1,8 @@
 //! The contract suite against the NATS adapter (the component embedded in the host with the
 //! `nats` feature) on a real `nats-server -js` at 127.0.0.1:4222, plus a restart test on a
-//! server of its own. A missing server fails these tests: they are never skipped.
+//! server of its own (killed and restarted mid queue run and mid log read: nothing lost) and a
+//! long-handler test (kept alive past `ack_wait` with `+WPI`). A missing server fails these
+//! tests: they are never skipped.
 //!
 //! Each test function works under a prefix of its own and deletes its streams at the end, so
 //! runs leave nothing behind on the shared server. Refused settlements come from the driver's
@@ -356,5 +358,58 @@ async fn a_server_restart_loses_nothing() {
         *handled.lock().unwrap(),
         all,
         "every message handled across the restart"
+    );
+}
+
+/// A handler that runs far longer than `ack_wait` is not duplicated: the adapter keeps its
+/// delivery alive with `+WPI` (DESIGN §4, long handlers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_handler_is_kept_alive_past_ack_wait() {
+    require_server(4222);
+    let prefix = fresh_prefix();
+    let factory = nats_factory(URL, &prefix, vec![("queue.ackWaitMs".into(), "600".into())]);
+    let a = factory.instance().await.expect("a host instance");
+    let b = factory.instance().await.expect("a second host instance");
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for host in [&a, &b] {
+        let seen = seen.clone();
+        consumers.push(
+            host.queue()
+                .unwrap()
+                .consume(
+                    "slow",
+                    move |d: Delivery| {
+                        let seen = seen.clone();
+                        async move {
+                            seen.lock().unwrap().push(d.attempt);
+                            tokio::time::sleep(Duration::from_millis(2_000)).await;
+                            Ok(())
+                        }
+                    },
+                    ConsumeOptions {
+                        prefetch: 1,
+                        dead_letter: None,
+                    },
+                )
+                .await
+                .expect("a consumer"),
+        );
+    }
+    a.queue()
+        .unwrap()
+        .produce("slow", "job", ProduceOptions::default())
+        .await
+        .expect("produce");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    for c in &consumers {
+        c.stop().await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    delete_streams(URL, &prefix).await;
+    assert_eq!(
+        seen,
+        vec![1],
+        "one delivery of a message whose handler ran 2 s with ack_wait 600 ms"
     );
 }

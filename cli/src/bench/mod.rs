@@ -5,6 +5,7 @@
 //! calls the memory adapter makes). Speed is measured here, never asserted in a test.
 
 mod memory;
+mod redis_native;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -33,6 +34,62 @@ pub struct BenchConfig {
     pub duration: Duration,
 }
 
+/// The native side of the broker under test: the calls its adapter makes, made directly.
+pub enum Native {
+    /// The `wrpc:memory` store.
+    Memory(memory::Native),
+    /// The `redis` crate.
+    Redis(redis_native::Native),
+}
+
+impl Native {
+    async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.log_append(setup, in_flight).await.map(Some),
+            Native::Redis(n) => n.log_append(setup, in_flight).await.map(Some),
+        }
+    }
+
+    async fn log_catch_up(&self, setup: &Setup) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.log_catch_up(setup).await.map(Some),
+            Native::Redis(n) => n.log_catch_up(setup).await.map(Some),
+        }
+    }
+
+    async fn log_live(&self, setup: &Setup) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.log_live(setup).await.map(Some),
+            Native::Redis(n) => n.log_live(setup).await.map(Some),
+        }
+    }
+
+    async fn queue_round_trip(
+        &self,
+        setup: &Setup,
+        prefetch: u32,
+    ) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.queue_round_trip(setup, prefetch).await.map(Some),
+            Native::Redis(n) => n.queue_round_trip(setup, prefetch).await.map(Some),
+        }
+    }
+
+    async fn request_reply(&self, setup: &Setup) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.request_reply(setup).await.map(Some),
+            Native::Redis(n) => n.request_reply(setup).await.map(Some),
+        }
+    }
+
+    async fn fan_out(&self, setup: &Setup, subscribers: usize) -> anyhow::Result<Option<Sample>> {
+        match self {
+            Native::Memory(n) => n.fan_out(setup, subscribers).await.map(Some),
+            Native::Redis(n) => n.fan_out(setup, subscribers).await,
+        }
+    }
+}
+
 /// Rounds per operation: component, native, component, native, …
 const ROUNDS: u32 = 3;
 
@@ -43,7 +100,7 @@ pub struct Setup {
     /// The second host instance (request/reply across instances).
     pub b: Broker,
     /// The native side, when this broker has one here.
-    pub native: Option<memory::Native>,
+    pub native: Option<Native>,
     /// Payload bytes.
     pub payload: Vec<u8>,
     /// Time per half-round.
@@ -67,7 +124,13 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     let setup = Setup {
         a: open(config, store.clone()).await?,
         b: open(config, store.clone()).await?,
-        native: store.map(memory::Native::new),
+        native: match store {
+            Some(store) => Some(Native::Memory(memory::Native::new(store))),
+            None if config.broker.starts_with("redis") => {
+                Some(Native::Redis(redis_native::Native::new(&config.broker)?))
+            }
+            None => None,
+        },
         payload: vec![b'x'; config.size],
         slice: config.duration / (2 * ROUNDS),
     };
@@ -83,8 +146,9 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
             };
             for _ in 0..ROUNDS {
                 row.component.merge($component.await?);
-                if let Some($n) = &setup.native {
-                    let sample = $native.await?;
+                if let Some($n) = &setup.native
+                    && let Some(sample) = $native.await?
+                {
                     row.native.get_or_insert_with(Sample::default).merge(sample);
                 }
             }
@@ -95,7 +159,7 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         "trivial export call (parse-id)",
         "calls",
         trivial_call(&setup),
-        |_n| async { anyhow::Ok(memory::trivial_call(setup.slice)) }
+        |_n| async { anyhow::Ok(Some(memory::trivial_call(setup.slice))) }
     );
     measure!(
         "log append, 1 in flight",

@@ -1,0 +1,283 @@
+//! The native side for Redis: the commands the Redis adapter issues, sent directly with the
+//! `redis` crate (XADD with MAXLEN, XRANGE pages, XREAD BLOCK, XREADGROUP + XACK, a list per
+//! inbox with BLPOP, PUBLISH/SUBSCRIBE).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
+
+use super::stats::Sample;
+use super::{CATCH_UP, FAN_OUT_PAYLOADS, QUEUE_BATCH, Setup, timed, unique};
+
+/// A client of the Redis server the broker uses.
+pub struct Native {
+    client: redis::Client,
+}
+
+impl Native {
+    /// Connect to `url`.
+    pub fn new(url: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: redis::Client::open(url)?,
+        })
+    }
+
+    async fn connection(&self) -> anyhow::Result<MultiplexedConnection> {
+        Ok(self.client.get_multiplexed_async_connection().await?)
+    }
+
+    pub async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
+        let key = unique("native-append");
+        let deadline = Instant::now() + setup.slice;
+        let started = Instant::now();
+        let connection = self.connection().await?;
+        let workers = (0..in_flight).map(|_| {
+            let (mut connection, key, payload) =
+                (connection.clone(), key.clone(), setup.payload.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let _: String = redis::cmd("XADD")
+                        .arg(&key)
+                        .arg("MAXLEN")
+                        .arg("=")
+                        .arg(10_000)
+                        .arg("*")
+                        .arg("v")
+                        .arg(&payload)
+                        .query_async(&mut connection)
+                        .await?;
+                    latencies.push(t.elapsed());
+                }
+                anyhow::Ok(latencies)
+            })
+        });
+        let mut sample = Sample::default();
+        for worker in futures::future::join_all(workers).await {
+            let latencies = worker??;
+            sample.ops += latencies.len() as u64;
+            sample.latencies.extend(latencies);
+        }
+        sample.elapsed = started.elapsed();
+        let _: () = connection.clone().del(&key).await?;
+        Ok(sample)
+    }
+
+    pub async fn log_catch_up(&self, setup: &Setup) -> anyhow::Result<Sample> {
+        let key = unique("native-catchup");
+        let mut connection = self.connection().await?;
+        for _ in 0..CATCH_UP / 250 {
+            let mut pipe = redis::pipe();
+            for _ in 0..250 {
+                pipe.cmd("XADD")
+                    .arg(&key)
+                    .arg("*")
+                    .arg("v")
+                    .arg(&setup.payload)
+                    .ignore();
+            }
+            let _: () = pipe.query_async(&mut connection).await?;
+        }
+        let sample = timed(setup.slice, || {
+            let (mut connection, key) = (connection.clone(), key.clone());
+            async move {
+                let mut start = "-".to_string();
+                let mut read = 0;
+                loop {
+                    let page: StreamRangeReply =
+                        connection.xrange_count(&key, &start, "+", 256).await?;
+                    let Some(last) = page.ids.last() else { break };
+                    start = format!("({}", last.id);
+                    read += page.ids.len();
+                }
+                Ok(read as u64)
+            }
+        })
+        .await;
+        let _: () = connection.del(&key).await?;
+        sample
+    }
+
+    pub async fn log_live(&self, setup: &Setup) -> anyhow::Result<Sample> {
+        let key = unique("native-live");
+        let mut writer = self.connection().await?;
+        let mut reader = self.client.get_multiplexed_async_connection().await?;
+        let mut last = "$".to_string();
+        let started = Instant::now();
+        let mut sample = Sample::default();
+        while started.elapsed() < setup.slice {
+            let t = Instant::now();
+            let read = {
+                let options = StreamReadOptions::default().block(1000).count(1);
+                let key = key.clone();
+                let last = last.clone();
+                let mut reader = reader.clone();
+                tokio::spawn(async move {
+                    let reply: StreamReadReply =
+                        reader.xread_options(&[&key], &[&last], &options).await?;
+                    anyhow::Ok(reply)
+                })
+            };
+            // XREAD from `$` must be waiting before the XADD; from an id it need not.
+            if last == "$" {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let id: String = writer
+                .xadd(&key, "*", &[("v", setup.payload.as_slice())])
+                .await?;
+            let reply = read.await??;
+            reply
+                .keys
+                .first()
+                .and_then(|k| k.ids.first())
+                .context("XREAD returned nothing")?;
+            last = id;
+            sample.latencies.push(t.elapsed());
+            sample.ops += 1;
+        }
+        sample.elapsed = started.elapsed();
+        let _: () = reader.del(&key).await?;
+        Ok(sample)
+    }
+
+    pub async fn queue_round_trip(&self, setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
+        let key = unique("native-queue");
+        let mut connection = self.connection().await?;
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("g")
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(&mut connection)
+            .await?;
+        let mut sample = timed(setup.slice, || {
+            let (mut connection, key, payload) =
+                (connection.clone(), key.clone(), setup.payload.clone());
+            async move {
+                let mut pipe = redis::pipe();
+                for _ in 0..QUEUE_BATCH {
+                    pipe.cmd("XADD")
+                        .arg(&key)
+                        .arg("*")
+                        .arg("v")
+                        .arg(&payload)
+                        .ignore();
+                }
+                let _: () = pipe.query_async(&mut connection).await?;
+                let mut done = 0;
+                let options = StreamReadOptions::default()
+                    .group("g", "c")
+                    .count(prefetch as usize);
+                while done < QUEUE_BATCH {
+                    let reply: StreamReadReply =
+                        connection.xread_options(&[&key], &[">"], &options).await?;
+                    let ids: Vec<String> = reply
+                        .keys
+                        .iter()
+                        .flat_map(|k| k.ids.iter().map(|i| i.id.clone()))
+                        .collect();
+                    if ids.is_empty() {
+                        continue;
+                    }
+                    let _: u64 = connection.xack(&key, "g", &ids).await?;
+                    done += ids.len() as u64;
+                }
+                Ok(QUEUE_BATCH)
+            }
+        })
+        .await?;
+        let _: () = connection.del(&key).await?;
+        sample.latencies.clear();
+        Ok(sample)
+    }
+
+    pub async fn request_reply(&self, setup: &Setup) -> anyhow::Result<Sample> {
+        let (requests, replies) = (unique("native-rr"), unique("native-inbox"));
+        let server = {
+            let client = self.client.clone();
+            let (requests, replies) = (requests.clone(), replies.clone());
+            tokio::spawn(async move {
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                loop {
+                    let popped: Option<(String, Vec<u8>)> =
+                        connection.blpop(&requests, 1.0).await?;
+                    if let Some((_, body)) = popped {
+                        let _: () = connection.lpush(&replies, body).await?;
+                    }
+                }
+                #[allow(unreachable_code)]
+                anyhow::Ok(())
+            })
+        };
+        let mut connection = self.client.get_multiplexed_async_connection().await?;
+        let started = Instant::now();
+        let mut sample = Sample::default();
+        while started.elapsed() < setup.slice {
+            let t = Instant::now();
+            let _: () = connection.lpush(&requests, &setup.payload).await?;
+            let _: Option<(String, Vec<u8>)> = connection.blpop(&replies, 5.0).await?;
+            sample.latencies.push(t.elapsed());
+            sample.ops += 1;
+        }
+        sample.elapsed = started.elapsed();
+        server.abort();
+        Ok(sample)
+    }
+
+    pub async fn fan_out(
+        &self,
+        setup: &Setup,
+        subscribers: usize,
+    ) -> anyhow::Result<Option<Sample>> {
+        // One connection per subscriber, as a naive client would; 1000 connections are not fair
+        // to the server here, so only the single-subscriber row has a native side.
+        if subscribers != 1 {
+            return Ok(None);
+        }
+        let channel = unique("native-room");
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub.subscribe(&channel).await?;
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let listening = {
+            let received = received.clone();
+            tokio::spawn(async move {
+                let mut messages = pubsub.on_message();
+                while messages.next().await.is_some() {
+                    received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        };
+        let connection = self.connection().await?;
+        let mut sample = timed(setup.slice, || {
+            let (mut connection, channel, payload, received) = (
+                connection.clone(),
+                channel.clone(),
+                setup.payload.clone(),
+                received.clone(),
+            );
+            async move {
+                let target = received.load(std::sync::atomic::Ordering::Relaxed) + FAN_OUT_PAYLOADS;
+                for _ in 0..FAN_OUT_PAYLOADS {
+                    let _: u64 = connection.publish(&channel, &payload).await?;
+                }
+                let waited = Instant::now();
+                while received.load(std::sync::atomic::Ordering::Relaxed) < target
+                    && waited.elapsed() < Duration::from_secs(10)
+                {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                Ok(FAN_OUT_PAYLOADS)
+            }
+        })
+        .await?;
+        listening.abort();
+        sample.latencies.clear();
+        Ok(Some(sample))
+    }
+}
