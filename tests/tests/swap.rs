@@ -8,31 +8,68 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, MemoryStore, ProduceOptions, ReadFrom};
+use wrpc_broker::{
+    AppendOptions, Broker, BrokerBuilder, ConsumeOptions, MemoryStore, ProduceOptions, ReadFrom,
+};
 use wrpc_broker_contract::components;
 
 const MESSAGES: usize = 10_000;
 const SWAPS: usize = 20;
-/// Time between swaps: long enough for the chaos component to reach its 500th call.
-const SWAP_EVERY: Duration = Duration::from_millis(250);
+/// Appends between swaps: each is one adapter call, so every instance of the chaos component
+/// reaches its 500th call (and traps) before it is swapped out, however loaded the machine is.
+const APPENDS_PER_SWAP: usize = 600;
+
+/// The component at `path` on a fresh memory broker.
+fn on_memory(path: &str) -> BrokerBuilder {
+    Broker::builder()
+        .component_file(path)
+        .memory_store(MemoryStore::new())
+}
+
+/// The embedded adapter for the broker at `url` and the options of its run (its own namespace).
+fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
+    let options = vec![(
+        "prefix".to_string(),
+        format!("sw{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+    )];
+    let builder = Broker::builder().url(url).unwrap().options(options.clone());
+    (
+        builder,
+        wrpc_broker::broker::embedded_adapter(url).unwrap().to_vec(),
+        options,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_swaps_under_load_lose_nothing_on_redis() {
+    // Requests are left out on the servers: a request published while a listener moves can be
+    // dropped inside the old adapter's stop (direct is at most once); see the closing note.
+    let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
+    let generation = workload(builder, wasm, options, false).await.unwrap();
+    assert_eq!(generation, SWAPS as u32 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_swaps_under_load_lose_nothing_on_nats() {
+    let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
+    let generation = workload(builder, wasm, options, false).await.unwrap();
+    assert_eq!(generation, SWAPS as u32 + 1);
+}
 
 /// A flag the swapper raises when it is done.
 fn new_flag() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
-/// Run the workload on `component`, swapping to `swap_to` 20 times meanwhile.
+/// Run the workload on the broker `builder` opens, swapping to the component `swap_to` 20
+/// times meanwhile.
 async fn workload(
-    component: &'static str,
-    swap_to: &'static str,
+    builder: BrokerBuilder,
+    swap_to: Vec<u8>,
+    options: Vec<(String, String)>,
     with_requests: bool,
 ) -> anyhow::Result<u32> {
-    let store = MemoryStore::new();
-    let broker = Broker::builder()
-        .component_file(component)
-        .memory_store(store.clone())
-        .open()
-        .await?;
+    let broker = builder.open().await?;
     let queue = broker.queue()?;
     let log = broker.log()?;
     let name = format!("swap-{}", uuid::Uuid::new_v4().simple());
@@ -103,12 +140,19 @@ async fn workload(
                     .with_context(|| format!("request {answered}"))?;
                 ensure!(reply.body == b"ping", "a reply with another body");
                 answered += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             anyhow::Ok(answered)
         })
     };
+    let appended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let appender = {
-        let (log, name, done) = (log.clone(), name.clone(), swaps_done.clone());
+        let (log, name, done, appended) = (
+            log.clone(),
+            name.clone(),
+            swaps_done.clone(),
+            appended.clone(),
+        );
         tokio::spawn(async move {
             // One append at a time, for as long as the swaps go on.
             let mut n = 0usize;
@@ -117,6 +161,7 @@ async fn workload(
                     .await
                     .with_context(|| format!("append {n}"))?;
                 n += 1;
+                appended.store(n, std::sync::atomic::Ordering::Relaxed);
                 if n.is_multiple_of(4) {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -125,14 +170,22 @@ async fn workload(
         })
     };
     let swapper = {
-        let (broker, done) = (broker.clone(), swaps_done.clone());
+        let (broker, done, appended, options) = (
+            broker.clone(),
+            swaps_done.clone(),
+            appended.clone(),
+            options.clone(),
+        );
         tokio::spawn(async move {
             let mut pauses = Vec::new();
             for i in 0..SWAPS {
-                tokio::time::sleep(SWAP_EVERY).await;
-                let path = if i % 2 == 0 { swap_to } else { component };
+                let due = (i + 1) * APPENDS_PER_SWAP;
+                while appended.load(std::sync::atomic::Ordering::Relaxed) < due {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let swap_to = swap_to.clone();
                 let report = broker
-                    .swap(path, [("", ""); 0])
+                    .swap_bytes("the next adapter version", &swap_to, options.clone())
                     .await
                     .with_context(|| format!("swap {i}"))?;
                 pauses.push(report.total);
@@ -199,9 +252,14 @@ async fn workload(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing() {
-    let generation = workload(components::MEMORY, components::MEMORY, true)
-        .await
-        .unwrap();
+    let generation = workload(
+        on_memory(components::MEMORY),
+        std::fs::read(components::MEMORY).unwrap(),
+        vec![],
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         generation,
         SWAPS as u32 + 1,
@@ -211,9 +269,14 @@ async fn twenty_swaps_under_load_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_with_a_component_trapping_every_500th_call_lose_nothing() {
-    let generation = workload(components::MEMORY_CHAOS, components::MEMORY_CHAOS, false)
-        .await
-        .unwrap();
+    let generation = workload(
+        on_memory(components::MEMORY_CHAOS),
+        std::fs::read(components::MEMORY_CHAOS).unwrap(),
+        vec![],
+        false,
+    )
+    .await
+    .unwrap();
     // Direct is at most once: a request in flight when the adapter traps fails, so the chaos
     // run leaves requests out. Each trap starts a new generation too.
     assert!(
