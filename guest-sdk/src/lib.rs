@@ -1,10 +1,10 @@
 //! Helpers for writing wrpc-broker adapters in Rust.
 //!
 //! An adapter crate runs `wit_bindgen::generate!` for its own world and maps the shared
-//! `wrpc:broker/types` and `wrpc:broker/host` interfaces onto this crate's bindings with
-//! [`with_shared!`]-style `with:` entries, so every adapter uses the same types and helpers:
+//! `wrpc:broker/types` and `wrpc:broker/host` interfaces onto this crate's bindings with `with:`
+//! entries, so every adapter uses the same types and helpers:
 //!
-//! ```ignore
+//! ```text
 //! wit_bindgen::generate!({
 //!     inline: "package my:adapter; world adapter { include wrpc:broker/log-adapter@0.1.0; }",
 //!     path: ["../../wit/broker"],

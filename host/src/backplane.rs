@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{BatchCall, Batchers};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
 
@@ -28,53 +29,28 @@ const MAX_PUBLISH_BATCH: usize = 256;
 /// Pause before re-subscribing a channel whose broker subscription ended.
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
 
-type PublishRequest = (Vec<u8>, oneshot::Sender<Result<()>>);
-
 /// Per-broker backplane machinery: publish batchers and the shared channel subscriptions.
 pub(crate) struct Channels {
     slot: Arc<AdapterSlot>,
-    publishers: Mutex<HashMap<String, mpsc::Sender<PublishRequest>>>,
+    publishes: Batchers<Vec<u8>, ()>,
     fanouts: tokio::sync::Mutex<HashMap<String, Arc<Fanout>>>,
 }
 
 impl Channels {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
-        Self {
-            slot,
-            publishers: Mutex::new(HashMap::new()),
-            fanouts: tokio::sync::Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn publisher(&self, channel: &str) -> mpsc::Sender<PublishRequest> {
-        let mut publishers = self.publishers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = publishers.get(channel).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let (tx, rx) = mpsc::channel(4 * MAX_PUBLISH_BATCH);
-        tokio::spawn(run_publisher(self.slot.clone(), channel.to_string(), rx));
-        publishers.insert(channel.to_string(), tx.clone());
-        tx
-    }
-}
-
-/// One batcher per channel: every publish waiting goes out in one adapter call, in order.
-async fn run_publisher(
-    slot: Arc<AdapterSlot>,
-    channel: String,
-    mut rx: mpsc::Receiver<PublishRequest>,
-) {
-    let mut waiting = Vec::with_capacity(MAX_PUBLISH_BATCH);
-    while rx.recv_many(&mut waiting, MAX_PUBLISH_BATCH).await > 0 {
-        let (payloads, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
-        let result = slot
-            .retry_trapped(|adapter| {
-                let (first, second) = (channel.clone(), payloads.clone());
-                async move { adapter.backplane_publish(first, second).await }
+        let publish: Arc<BatchCall<Vec<u8>, ()>> = Arc::new(|adapter, channel, payloads| {
+            Box::pin(async move {
+                let count = payloads.len();
+                adapter
+                    .backplane_publish(channel, payloads)
+                    .await
+                    .map(|()| vec![(); count])
             })
-            .await;
-        for reply in replies {
-            let _ = reply.send(result.clone());
+        });
+        Self {
+            publishes: Batchers::new(slot.clone(), MAX_PUBLISH_BATCH, publish),
+            slot,
+            fanouts: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 }
@@ -171,15 +147,11 @@ impl Backplane {
     /// exists when the broker takes it receives it, at most once. Concurrent publishes to one
     /// channel are batched, in order.
     pub async fn publish(&self, channel: &str, payload: impl Into<Vec<u8>>) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
         self.inner
             .channels
-            .publisher(channel)
-            .send((payload.into(), tx))
+            .publishes
+            .submit(channel, payload.into())
             .await
-            .map_err(|_| Error::Closed("the backplane was closed".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("the backplane was closed".into()))?
     }
 
     /// Subscribe to `channel`. Returns once the broker confirmed the subscription: everything

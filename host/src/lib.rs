@@ -14,6 +14,7 @@ pub mod token;
 
 pub use error::{Error, Result};
 pub mod backplane;
+mod batch;
 pub mod broker;
 pub mod direct;
 pub mod log;

@@ -13,9 +13,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::Batchers;
 use crate::bindings::{log as wit, types};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
@@ -96,33 +97,26 @@ const TRANSIENT_RETRIES: u32 = 20;
 /// Pause between such attempts, and before re-establishing a lost tail.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-type AppendRequest = (wit::RecordIn, oneshot::Sender<Result<String>>);
-
 /// Per-broker log machinery: the append batchers and the shared topic tails.
 pub(crate) struct Logs {
     slot: Arc<AdapterSlot>,
-    appenders: Mutex<HashMap<String, mpsc::Sender<AppendRequest>>>,
+    appends: Batchers<wit::RecordIn, String>,
     tails: tokio::sync::Mutex<HashMap<String, Arc<TopicTail>>>,
 }
 
 impl Logs {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
         Self {
-            slot,
-            appenders: Mutex::new(HashMap::new()),
+            slot: slot.clone(),
+            appends: Batchers::new(
+                slot,
+                MAX_APPEND_BATCH,
+                Arc::new(|adapter, topic, records| {
+                    Box::pin(async move { adapter.log_append(topic, records).await })
+                }),
+            ),
             tails: tokio::sync::Mutex::new(HashMap::new()),
         }
-    }
-
-    fn appender(&self, topic: &str) -> mpsc::Sender<AppendRequest> {
-        let mut appenders = self.appenders.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = appenders.get(topic).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let (tx, rx) = mpsc::channel(4 * MAX_APPEND_BATCH);
-        tokio::spawn(run_appender(self.slot.clone(), topic.to_string(), rx));
-        appenders.insert(topic.to_string(), tx.clone());
-        tx
     }
 
     /// Join the live shared tail of `topic` (started now if there is none): the tail, a guard
@@ -145,44 +139,6 @@ impl Logs {
             .subscribe()
             .ok_or_else(|| Error::Closed("the log was closed".into()))?;
         Ok((tail, guard, subscription))
-    }
-}
-
-/// One batcher per topic: takes every append waiting and makes one adapter call of them.
-async fn run_appender(
-    slot: Arc<AdapterSlot>,
-    topic: String,
-    mut rx: mpsc::Receiver<AppendRequest>,
-) {
-    let mut waiting = Vec::with_capacity(MAX_APPEND_BATCH);
-    while rx.recv_many(&mut waiting, MAX_APPEND_BATCH).await > 0 {
-        let (records, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
-        let count = records.len();
-        let appended = slot
-            .retry_trapped(|adapter| {
-                let (first, second) = (topic.clone(), records.clone());
-                async move { adapter.log_append(first, second).await }
-            })
-            .await;
-        match appended {
-            Ok(ids) if ids.len() == count => {
-                for (reply, id) in replies.into_iter().zip(ids) {
-                    let _ = reply.send(Ok(id));
-                }
-            }
-            Ok(ids) => {
-                let e = Error::Internal(format!(
-                    "the adapter answered {} ids for {count} records",
-                    ids.len()
-                ));
-                replies
-                    .into_iter()
-                    .for_each(|r| drop(r.send(Err(e.clone()))));
-            }
-            Err(e) => replies
-                .into_iter()
-                .for_each(|r| drop(r.send(Err(e.clone())))),
-        }
     }
 }
 
@@ -215,15 +171,7 @@ impl Log {
             headers: options.headers,
             key: options.key,
         };
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .logs
-            .appender(topic)
-            .send((record, tx))
-            .await
-            .map_err(|_| Error::Closed("the log was closed".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("the log was closed".into()))?
+        self.inner.logs.appends.submit(topic, record).await
     }
 
     /// Append several entries in order, in one adapter call.

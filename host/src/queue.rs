@@ -9,7 +9,6 @@
 //! the instance) the consumer starts again on the new instance; what was unsettled comes back
 //! by the broker's redelivery.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -22,6 +21,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::{BatchCall, Batchers};
 use crate::bindings::{queue as wit, types};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
@@ -83,20 +83,25 @@ pub fn handler_backoff(attempt: u32) -> Duration {
     (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
 }
 
-type ProduceRequest = (wit::Message, oneshot::Sender<Result<()>>);
-
 /// Per-broker queue machinery: the produce batchers and the live consumers.
 pub(crate) struct Queues {
-    slot: Arc<AdapterSlot>,
-    producers: Mutex<HashMap<String, mpsc::Sender<ProduceRequest>>>,
+    produces: Batchers<wit::Message, ()>,
     consumers: Mutex<Vec<std::sync::Weak<ConsumerShared>>>,
 }
 
 impl Queues {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
+        let produce: Arc<BatchCall<wit::Message, ()>> = Arc::new(|adapter, queue, messages| {
+            Box::pin(async move {
+                let count = messages.len();
+                adapter
+                    .queue_produce(queue, messages)
+                    .await
+                    .map(|()| vec![(); count])
+            })
+        });
         Self {
-            slot,
-            producers: Mutex::new(HashMap::new()),
+            produces: Batchers::new(slot, MAX_PRODUCE_BATCH, produce),
             consumers: Mutex::new(Vec::new()),
         }
     }
@@ -117,38 +122,6 @@ impl Queues {
             }
         });
         futures::future::join_all(moves).await;
-    }
-
-    fn producer(&self, queue: &str) -> mpsc::Sender<ProduceRequest> {
-        let mut producers = self.producers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = producers.get(queue).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let (tx, rx) = mpsc::channel(4 * MAX_PRODUCE_BATCH);
-        tokio::spawn(run_producer(self.slot.clone(), queue.to_string(), rx));
-        producers.insert(queue.to_string(), tx.clone());
-        tx
-    }
-}
-
-/// One batcher per queue: every produce waiting goes out in one adapter call, in order.
-async fn run_producer(
-    slot: Arc<AdapterSlot>,
-    queue: String,
-    mut rx: mpsc::Receiver<ProduceRequest>,
-) {
-    let mut waiting = Vec::with_capacity(MAX_PRODUCE_BATCH);
-    while rx.recv_many(&mut waiting, MAX_PRODUCE_BATCH).await > 0 {
-        let (messages, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
-        let result = slot
-            .retry_trapped(|adapter| {
-                let (first, second) = (queue.clone(), messages.clone());
-                async move { adapter.queue_produce(first, second).await }
-            })
-            .await;
-        for reply in replies {
-            let _ = reply.send(result.clone());
-        }
     }
 }
 
@@ -185,15 +158,7 @@ impl Queue {
             body: body.into(),
             headers: options.headers,
         };
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .queues
-            .producer(queue)
-            .send((message, tx))
-            .await
-            .map_err(|_| Error::Closed("the queue was closed".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("the queue was closed".into()))?
+        self.inner.queues.produces.submit(queue, message).await
     }
 
     /// Put several messages on `queue`, in order, in one adapter call.
