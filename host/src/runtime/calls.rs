@@ -6,10 +6,22 @@ use tokio::sync::mpsc;
 
 use super::instance::AdapterInstance;
 use super::streams::Forward;
-use wasmtime::component::TypedFunc;
+use wasmtime::component::{Accessor, StreamReader, TypedFunc};
+
+use super::sandbox::Ctx;
 
 use crate::bindings::{direct, log, queue, types};
 use crate::error::{Error, Result};
+
+/// Drain a guest-written stream into a channel of batches (read inside the instance).
+fn forward<T: Send + Sync + wasmtime::component::Lift + 'static>(
+    accessor: &Accessor<Ctx>,
+    reader: StreamReader<T>,
+) -> wasmtime::Result<mpsc::Receiver<Vec<T>>> {
+    let (forward, rx) = Forward::channel();
+    accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+    Ok(rx)
+}
 
 fn missing(capability: &str) -> Error {
     Error::Unsupported(format!(
@@ -96,11 +108,7 @@ impl AdapterInstance {
                 };
                 match log.call_tail(accessor, topic, origin).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok((positions, reader)) => {
-                        let (forward, rx) = Forward::channel();
-                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
-                        Ok(Ok((positions, rx)))
-                    }
+                    Ok((positions, reader)) => Ok(Ok((positions, forward(accessor, reader)?))),
                 }
             })
         })
@@ -135,11 +143,7 @@ impl AdapterInstance {
                 };
                 match backplane.call_subscribe(accessor, channel).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok(reader) => {
-                        let (forward, rx) = Forward::channel();
-                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
-                        Ok(Ok(rx))
-                    }
+                    Ok(reader) => Ok(Ok(forward(accessor, reader)?)),
                 }
             })
         })
@@ -179,11 +183,7 @@ impl AdapterInstance {
                 };
                 match queue.call_consume(accessor, queue_name, opts).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok((id, reader)) => {
-                        let (forward, rx) = Forward::channel();
-                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
-                        Ok(Ok((id, rx)))
-                    }
+                    Ok((id, reader)) => Ok(Ok((id, forward(accessor, reader)?))),
                 }
             })
         })
@@ -290,11 +290,7 @@ impl AdapterInstance {
                 };
                 match direct.call_listen(accessor, address, group).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok((id, reader)) => {
-                        let (forward, rx) = Forward::channel();
-                        accessor.with(|mut access| reader.pipe(&mut access, forward))?;
-                        Ok(Ok((id, rx)))
-                    }
+                    Ok((id, reader)) => Ok(Ok((id, forward(accessor, reader)?))),
                 }
             })
         })
