@@ -97,6 +97,19 @@ async fn a_new_subscriber_gets_no_old_payloads(f: Factory) -> anyhow::Result<()>
         "a first subscriber on an instance that published before",
     )
     .await?;
+    // The adapter's own contract, without the host's fan-out in between: a broker subscription
+    // made after a publish starts empty.
+    let raw_channel = unique("raw-room");
+    c.adapter()
+        .backplane_publish(raw_channel.clone(), vec![b"before".to_vec()])
+        .await?;
+    let mut raw = c.adapter().backplane_subscribe(raw_channel.clone()).await?;
+    if let Ok(Some(old)) = tokio::time::timeout(crate::support::SILENCE, raw.recv()).await {
+        anyhow::bail!(
+            "the adapter's new subscription delivered {} payload(s) published before it",
+            old.len()
+        );
+    }
     for (name, host) in [("same instance", &a), ("other instance", &b)] {
         let mut late = host.backplane()?.subscribe(&channel).await?;
         silence(
