@@ -17,6 +17,8 @@ use wrpc_broker::{
 
 /// The longest the demo waits for anything.
 const WAIT: Duration = Duration::from_secs(5);
+/// How long the swap part waits for jobs the broker redelivers.
+const REDELIVERY_WAIT: Duration = Duration::from_secs(60);
 /// How long a subscriber that should get nothing is watched.
 const QUIET: Duration = Duration::from_millis(300);
 
@@ -25,7 +27,7 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
     // On memory both instances share one in-process store; elsewhere they connect to one server.
     let store = broker_url.starts_with("memory").then(MemoryStore::new);
     // On a real server every run gets its own namespace, so earlier runs do not show up.
-    let prefix = format!("demo-{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let open = |store: Option<std::sync::Arc<MemoryStore>>| {
         let prefix = prefix.clone();
         async move {
@@ -168,7 +170,7 @@ async fn expect_order(reader: &mut Reader, who: &str, n: usize) -> anyhow::Resul
         .ok_or_else(|| anyhow!("{who}'s read ended before order {n}"))?
         .with_context(|| format!("{who}'s read failed before order {n}"))?;
     let value = String::from_utf8_lossy(&entry.value);
-    if value != order(n) || entry.position.offset != n as u64 - 1 {
+    if value != order(n) {
         bail!(
             "{who} expected order {n} but got offset {}: {value}",
             entry.position.offset
@@ -482,8 +484,18 @@ async fn swap_part(a: &Broker, broker_url: &str) -> anyhow::Result<String> {
         report.total.as_secs_f64() * 1e3
     );
     within("the producer", producing).await???;
-    let deadline = tokio::time::Instant::now() + WAIT;
+    // A delivery the old adapter held unsettled comes back by the broker's redelivery, which on
+    // a real broker waits out its visibility window (30 s by default on Redis).
+    let deadline = tokio::time::Instant::now() + REDELIVERY_WAIT;
+    let mut told = false;
     while handled.lock().unwrap().len() < 400 && tokio::time::Instant::now() < deadline {
+        if !told && tokio::time::Instant::now() + REDELIVERY_WAIT - WAIT > deadline {
+            let left = 400 - handled.lock().unwrap().len();
+            println!(
+                "  {left} job(s) held unsettled by the old adapter wait for the broker's redelivery…"
+            );
+            told = true;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     consumer.stop().await;

@@ -53,6 +53,21 @@ fn demo_runs_to_the_summary() {
 }
 
 #[test]
+fn demo_runs_on_redis_and_nats() {
+    for url in ["redis://127.0.0.1:6379", "nats://127.0.0.1:4222"] {
+        let output = wrpc_broker(&["demo", "--broker", url]);
+        let out = stdout(&output);
+        assert!(
+            output.status.success(),
+            "{url}:\n{out}\n{}",
+            stderr(&output)
+        );
+        assert!(out.contains(&format!("on the broker at {url}")), "{out}");
+        assert!(out.contains("400 of 400 jobs handled"), "{out}");
+    }
+}
+
+#[test]
 fn demo_refuses_an_unsupported_broker() {
     let output = wrpc_broker(&["demo", "--broker", "mqtt://127.0.0.1:1883"]);
     assert!(!output.status.success());
