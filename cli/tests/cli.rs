@@ -56,17 +56,16 @@ fn demo_runs_to_the_summary() {
 /// held at the hot swap did not come back within a minute: an open finding, see the issue.)
 #[test]
 fn demo_runs_on_nats() {
-    for url in ["nats://127.0.0.1:4222"] {
-        let output = wrpc_broker(&["demo", "--broker", url]);
-        let out = stdout(&output);
-        assert!(
-            output.status.success(),
-            "{url}:\n{out}\n{}",
-            stderr(&output)
-        );
-        assert!(out.contains(&format!("on the broker at {url}")), "{out}");
-        assert!(out.contains("400 of 400 jobs handled"), "{out}");
-    }
+    let url = "nats://127.0.0.1:4222";
+    let output = wrpc_broker(&["demo", "--broker", url]);
+    let out = stdout(&output);
+    assert!(
+        output.status.success(),
+        "{url}:\n{out}\n{}",
+        stderr(&output)
+    );
+    assert!(out.contains(&format!("on the broker at {url}")), "{out}");
+    assert!(out.contains("400 of 400 jobs handled"), "{out}");
 }
 
 #[test]
