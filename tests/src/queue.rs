@@ -40,6 +40,22 @@ tests!(
     refused_settlements_hand_the_message_back_and_mark_unhealthy,
 );
 
+/// A consumer of the adapter itself (no host machinery), holding at most `prefetch` deliveries.
+async fn raw_consumer(
+    adapter: &wrpc_broker::runtime::AdapterInstance,
+    name: &str,
+    prefetch: u32,
+) -> anyhow::Result<(
+    u64,
+    mpsc::Receiver<Vec<wrpc_broker::bindings::queue::Delivery>>,
+)> {
+    let options = RawOptions {
+        prefetch,
+        dead_letter: None,
+    };
+    Ok(adapter.queue_consume(name.to_string(), options).await?)
+}
+
 /// What a test handler saw: (body, attempt) in arrival order.
 type Seen = Arc<Mutex<Vec<(String, u32)>>>;
 
@@ -245,16 +261,7 @@ async fn prefetch_bounds_unsettled_deliveries_handled_concurrently(
         "the most handlers at once with prefetch 4"
     );
     // The adapter's own bound: with prefetch 3 and nothing settled, it delivers exactly 3.
-    let (id, mut deliveries) = broker
-        .adapter()
-        .queue_consume(
-            name.clone(),
-            RawOptions {
-                prefetch: 3,
-                dead_letter: None,
-            },
-        )
-        .await?;
+    let (id, mut deliveries) = raw_consumer(&broker.adapter(), &name, 3).await?;
     produce_n(&queue, &name, 5).await?;
     let mut held = Vec::new();
     while held.len() < 3 {
@@ -372,15 +379,7 @@ async fn release_puts_back_now_with_the_same_attempt(f: Factory) -> anyhow::Resu
         .await?;
     // A raw consumer holds it and releases it; the next delivery keeps attempt 1.
     let adapter = broker.adapter();
-    let (id, mut deliveries) = adapter
-        .queue_consume(
-            name.clone(),
-            RawOptions {
-                prefetch: 1,
-                dead_letter: None,
-            },
-        )
-        .await?;
+    let (id, mut deliveries) = raw_consumer(&adapter, &name, 1).await?;
     let held = recv(&mut deliveries, "the delivery").await?.remove(0);
     ensure_eq!(held.attempt, 1, "first attempt");
     let results = adapter
@@ -601,15 +600,7 @@ async fn the_adapter_refuses_a_second_settlement_of_one_tag(f: Factory) -> anyho
         .produce(&name, "job", ProduceOptions::default())
         .await?;
     let adapter = broker.adapter();
-    let (id, mut deliveries) = adapter
-        .queue_consume(
-            name.clone(),
-            RawOptions {
-                prefetch: 4,
-                dead_letter: None,
-            },
-        )
-        .await?;
+    let (id, mut deliveries) = raw_consumer(&adapter, &name, 4).await?;
     let held = recv(&mut deliveries, "the delivery").await?.remove(0);
     let first = adapter
         .queue_settle(id, vec![(held.tag, Settlement::Ack)])
@@ -640,15 +631,7 @@ async fn a_stopped_consumer_hands_unsettled_work_to_another(f: Factory) -> anyho
     produce_n(&a.queue()?, &name, 10).await?;
     // A raw consumer on A holds 5 deliveries unsettled, then stops.
     let adapter = a.adapter();
-    let (id, mut deliveries) = adapter
-        .queue_consume(
-            name.clone(),
-            RawOptions {
-                prefetch: 5,
-                dead_letter: None,
-            },
-        )
-        .await?;
+    let (id, mut deliveries) = raw_consumer(&adapter, &name, 5).await?;
     let mut held = Vec::new();
     while held.len() < 5 {
         held.extend(recv(&mut deliveries, "held deliveries").await?);
