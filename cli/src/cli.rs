@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{bench, check, demo, inspect};
+use crate::{bench, check, demo, inspect, migrate};
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +41,22 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
     },
+    /// Move a running host, with live work, from one broker to another and print each step:
+    /// switched, consumers moved, queues drained, readers moved, old adapter closed.
+    Migrate {
+        /// The broker the host starts on.
+        #[arg(long, value_name = "URL", default_value = "memory://")]
+        from: String,
+        /// The broker it moves to.
+        #[arg(long, value_name = "URL")]
+        to: String,
+        /// Queue messages produced over the run (half before the move).
+        #[arg(long, value_name = "N", default_value_t = 2000)]
+        messages: usize,
+        /// Seconds consumers may drain the old broker's queues before it is let go anyway.
+        #[arg(long, value_name = "S", default_value_t = 60.0)]
+        deadline: f64,
+    },
     /// Measure each operation through the component and natively on the broker, alternating,
     /// and print ops/s, p50, p99 and the ratio.
     Bench {
@@ -75,6 +91,20 @@ impl Cli {
                 } else {
                     anyhow::bail!("the component failed the contract suite")
                 }
+            }
+            Command::Migrate {
+                from,
+                to,
+                messages,
+                deadline,
+            } => {
+                let config = migrate::MigrateConfig {
+                    from,
+                    to,
+                    messages,
+                    deadline: Duration::from_secs_f64(deadline),
+                };
+                migrate::run(&config).await
             }
             Command::Bench {
                 broker,

@@ -1,5 +1,6 @@
 //! `wrpc-broker`: the command line of the host — run the `demo`, `inspect` an adapter
-//! component, `check` one against the contract suite, `bench` one against the native client.
+//! component, `check` one against the contract suite, `bench` one against the native client,
+//! `migrate` a host with live work to another broker.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`); results go to stdout.
 
 mod bench;
@@ -7,6 +8,7 @@ mod check;
 mod cli;
 mod demo;
 mod inspect;
+mod migrate;
 
 use std::process::ExitCode;
 

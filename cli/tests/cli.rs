@@ -69,6 +69,31 @@ fn demo_runs_on_nats() {
 }
 
 #[test]
+fn migrate_moves_a_host_from_memory_to_redis_and_prints_each_step() {
+    let output = wrpc_broker(&[
+        "migrate",
+        "--from",
+        "memory://",
+        "--to",
+        "redis://127.0.0.1:6379",
+        "--messages",
+        "400",
+    ]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}\n{}", stderr(&output));
+    for step in [
+        "switched: every write goes to redis",
+        "consumers moved",
+        "queue `orders` drained on the old broker",
+        "readers moved: 1 finished the old feed",
+        "the old adapter is closed",
+        "400 messages handled",
+    ] {
+        assert!(out.contains(step), "no `{step}` in:\n{out}");
+    }
+}
+
+#[test]
 fn demo_refuses_an_unsupported_broker() {
     let output = wrpc_broker(&["demo", "--broker", "mqtt://127.0.0.1:1883"]);
     assert!(!output.status.success());

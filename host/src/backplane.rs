@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{BatchCall, Batchers};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
+use crate::runtime::AdapterInstance;
 
 /// Payloads buffered per channel for local subscribers before a slow one loses the oldest.
 const FANOUT_BUFFER: usize = 4096;
@@ -55,23 +56,81 @@ impl Channels {
     }
 }
 
+impl Channels {
+    /// A migration, before calls go to the adapter `to`: subscribe every live channel there too.
+    /// Payloads still arriving from the old subscription keep flowing until `old_done` fires
+    /// (once the writes to the old broker have landed); then it is dropped. Each payload was
+    /// published to one of the two brokers, so nobody gets one twice.
+    pub(crate) async fn switch_all(&self, to: &AdapterInstance, old_done: CancellationToken) {
+        let live: Vec<(String, Arc<Fanout>)> = self
+            .fanouts
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, f)| !f.stop.is_cancelled())
+            .map(|(c, f)| (c.clone(), f.clone()))
+            .collect();
+        let moves = live.into_iter().map(|(channel, fanout)| {
+            let old_done = old_done.clone();
+            async move {
+                match to.backplane_subscribe(channel.clone()).await {
+                    Ok(rx) => {
+                        let _ = fanout.switch_tx.send((rx, old_done)).await;
+                    }
+                    Err(e) => tracing::warn!(
+                        channel,
+                        "subscribing on the new broker: {e} (it follows when the old one closes)"
+                    ),
+                }
+            }
+        });
+        futures::future::join_all(moves).await;
+    }
+}
+
+/// A subscription on the new adapter, and when to let go of the old one.
+type Switch = (mpsc::Receiver<Vec<Vec<u8>>>, CancellationToken);
+
 /// The shared broker subscription of one channel in this host instance.
 struct Fanout {
     tx: broadcast::Sender<Bytes>,
     subscribers: Mutex<usize>,
     stop: CancellationToken,
+    /// Hands the pump a subscription on the adapter a migration moves to.
+    switch_tx: mpsc::Sender<Switch>,
 }
 
 impl Fanout {
     async fn start(slot: Arc<AdapterSlot>, channel: String) -> Result<Arc<Self>> {
         let rx = slot.current().backplane_subscribe(channel.clone()).await?;
+        let (switch_tx, switches) = mpsc::channel(2);
         let fanout = Arc::new(Fanout {
             tx: broadcast::channel(FANOUT_BUFFER).0,
             subscribers: Mutex::new(0),
             stop: CancellationToken::new(),
+            switch_tx,
         });
-        tokio::spawn(fanout.clone().pump(slot, channel, rx));
+        tokio::spawn(fanout.clone().pump(slot, channel, rx, switches));
         Ok(fanout)
+    }
+
+    /// Forward what the old subscription still delivers until `done` fires.
+    async fn drain_old(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Vec<Vec<u8>>>,
+        done: CancellationToken,
+    ) {
+        loop {
+            let batch = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = done.cancelled() => return,
+                batch = rx.recv() => batch,
+            };
+            let Some(payloads) = batch else { return };
+            for payload in payloads {
+                let _ = self.tx.send(Bytes::from(payload));
+            }
+        }
     }
 
     /// Move payloads from the adapter to local subscribers until the last one leaves.
@@ -80,10 +139,16 @@ impl Fanout {
         slot: Arc<AdapterSlot>,
         channel: String,
         mut rx: mpsc::Receiver<Vec<Vec<u8>>>,
+        mut switches: mpsc::Receiver<Switch>,
     ) {
         loop {
             let batch = tokio::select! {
                 _ = self.stop.cancelled() => return,
+                Some((new_rx, old_done)) = switches.recv() => {
+                    let old = std::mem::replace(&mut rx, new_rx);
+                    tokio::spawn(self.clone().drain_old(old, old_done));
+                    continue;
+                }
                 batch = rx.recv() => batch,
             };
             match batch {

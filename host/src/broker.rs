@@ -203,10 +203,14 @@ impl BrokerBuilder {
         Ok(drivers)
     }
 
-    /// Load the component, start it, and run `init` with the options.
-    pub async fn open(self) -> Result<Broker> {
+    /// Connect the drivers and load the component (not started yet): the runtime it was loaded
+    /// into, the component and how its instances start.
+    pub(crate) async fn prepare(
+        self,
+        runtime: Option<Runtime>,
+    ) -> Result<(Runtime, Arc<AdapterComponent>, InstanceConfig)> {
         ids::validate(self.ids.as_ref())?;
-        let runtime = match self.runtime.clone() {
+        let runtime = match self.runtime.clone().or(runtime) {
             Some(runtime) => runtime,
             None => Runtime::shared()?,
         };
@@ -217,13 +221,18 @@ impl BrokerBuilder {
             }
             ComponentSource::File(path) => runtime.load_file(path, &drivers)?,
         };
-        let component = Arc::new(component);
         let config = InstanceConfig {
             options: self.options,
             limits: self.limits,
             ids: self.ids,
             drivers,
         };
+        Ok((runtime, Arc::new(component), config))
+    }
+
+    /// Load the component, start it, and run `init` with the options.
+    pub async fn open(self) -> Result<Broker> {
+        let (runtime, component, config) = self.prepare(None).await?;
         let instance = AdapterInstance::start(component.clone(), config.clone()).await?;
         let slot = Arc::new(AdapterSlot::new(instance));
         Ok(Broker {
@@ -235,11 +244,24 @@ impl BrokerBuilder {
                 slot,
                 component: RwLock::new(component),
                 runtime,
-                config,
+                config: RwLock::new(config),
                 swapping: tokio::sync::Mutex::new(()),
+                migrated: RwLock::new(None),
             }),
         })
     }
+}
+
+/// The capabilities `old` exports that `component` does not.
+pub(crate) fn missing_capabilities(
+    old: &AdapterInstance,
+    component: &AdapterComponent,
+) -> Vec<&'static str> {
+    old.capabilities()
+        .names()
+        .into_iter()
+        .filter(|c| !component.capabilities.names().contains(c))
+        .collect()
 }
 
 /// How many times a call failed by a trap is tried again on the replacement instance.
@@ -249,17 +271,31 @@ pub const TRAP_RETRIES: u32 = 3;
 #[derive(Debug)]
 pub struct AdapterSlot {
     current: RwLock<AdapterInstance>,
+    /// Held (shared) by every call that writes to the broker (produce, append, publish, send),
+    /// so a migration can wait until the writes still going to the old broker have landed.
+    writes: tokio::sync::RwLock<()>,
 }
 
 impl AdapterSlot {
     fn new(instance: AdapterInstance) -> Self {
         Self {
             current: RwLock::new(instance),
+            writes: tokio::sync::RwLock::new(()),
         }
     }
 
+    /// Hold this while a write runs on [`Self::current`].
+    pub(crate) async fn writing(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.writes.read().await
+    }
+
+    /// Wait until every write that started before now has finished (later ones wait meanwhile).
+    pub(crate) async fn quiesce_writes(&self) {
+        drop(self.writes.write().await);
+    }
+
     /// Point every later call at `instance`; returns the one it replaces.
-    fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
+    pub(crate) fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
         std::mem::replace(
             &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
             instance,
@@ -276,7 +312,10 @@ impl AdapterSlot {
     {
         let mut attempt = 0;
         loop {
-            match call(self.current()).await {
+            let writing = self.writing().await;
+            let answer = call(self.current()).await;
+            drop(writing);
+            match answer {
                 Err(Error::Trapped(why)) if attempt < TRAP_RETRIES => {
                     attempt += 1;
                     tracing::debug!(
@@ -304,12 +343,14 @@ pub(crate) struct Inner {
     pub(crate) channels: Channels,
     pub(crate) queues: Queues,
     pub(crate) inboxes: Inboxes,
-    component: RwLock<Arc<AdapterComponent>>,
-    runtime: Runtime,
+    pub(crate) component: RwLock<Arc<AdapterComponent>>,
+    pub(crate) runtime: Runtime,
     /// How instances are started: options, limits, ids and the drivers lent to the adapter.
-    config: InstanceConfig,
-    /// One swap at a time.
-    swapping: tokio::sync::Mutex<()>,
+    pub(crate) config: RwLock<InstanceConfig>,
+    /// One swap or migration at a time.
+    pub(crate) swapping: tokio::sync::Mutex<()>,
+    /// The last migration to another broker: what it moved from and to, and when.
+    pub(crate) migrated: RwLock<Option<crate::migrate::Moved>>,
 }
 
 impl Drop for Inner {
@@ -430,24 +471,24 @@ impl Broker {
         let started = std::time::Instant::now();
         let _one_at_a_time = self.inner.swapping.lock().await;
         let old = self.inner.slot.current();
-        let component = Arc::new(self.inner.runtime.load_bytes(
-            source,
-            wasm,
-            &self.inner.config.drivers,
-        )?);
-        let missing: Vec<&str> = old
-            .capabilities()
-            .names()
-            .into_iter()
-            .filter(|c| !component.capabilities.names().contains(c))
-            .collect();
+        let mut config = self
+            .inner
+            .config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let component = Arc::new(
+            self.inner
+                .runtime
+                .load_bytes(source, wasm, &config.drivers)?,
+        );
+        let missing = missing_capabilities(&old, &component);
         if !missing.is_empty() {
             return Err(Error::Unsupported(format!(
                 "the new adapter does not export {} (the running one does): not swapped",
                 missing.join(", ")
             )));
         }
-        let mut config = self.inner.config.clone();
         config.options = options
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
@@ -463,7 +504,7 @@ impl Broker {
             .unwrap_or_else(|e| e.into_inner()) = component;
         tokio::join!(
             self.inner.queues.switch_all(),
-            self.inner.inboxes.switch_all()
+            self.inner.inboxes.switch_all(&new)
         );
         old.retire(new.clone());
         old.finished().await;

@@ -228,11 +228,27 @@ impl AdapterListener {
         }
     }
 
-    /// A hot swap: listen on the slot's current adapter first, then stop the listener of
-    /// `session` on the old one, so the address always has a listener. On failure `session`
-    /// stays (it re-listens when the old instance closes).
-    async fn switch(&self, session: Session) -> (Session, Vec<wit::Packet>) {
-        match self.listen().await {
+    /// Listen on `adapter` (not through the slot: a migration moves listeners before the slot
+    /// points at the new adapter).
+    async fn listen_on(&self, adapter: AdapterInstance) -> Result<Session> {
+        let (id, packets) = adapter
+            .direct_listen(self.address.clone(), self.group.clone())
+            .await?;
+        let generation = adapter.generation();
+        self.set_current(Some((generation, id)));
+        Ok(Session {
+            instance: adapter,
+            generation,
+            id,
+            packets,
+        })
+    }
+
+    /// A hot swap or a migration: listen on `to` first, then stop the listener of `session` on
+    /// the old adapter, so the address always has a listener. On failure `session` stays (it
+    /// re-listens when the old instance closes).
+    async fn switch(&self, session: Session, to: AdapterInstance) -> (Session, Vec<wit::Packet>) {
+        match self.listen_on(to).await {
             Ok(new) => (new, self.stop_and_drain(session).await),
             Err(e) => {
                 tracing::warn!(address = %self.address, "moving a listener to the new adapter: {e}");
@@ -307,8 +323,8 @@ struct ReplyInbox {
     listener: AdapterListener,
     pending: Pending,
     stopping: CancellationToken,
-    /// Asks the router to listen on the slot's current adapter; answered once it does.
-    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
+    /// Asks the router to listen on another adapter; answered once it does.
+    switch_tx: mpsc::Sender<Switch>,
 }
 
 impl ReplyInbox {
@@ -335,18 +351,14 @@ impl ReplyInbox {
     }
 
     /// Hand every reply to the request waiting for it.
-    async fn route(
-        self: Arc<Self>,
-        mut session: Session,
-        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
-    ) {
+    async fn route(self: Arc<Self>, mut session: Session, mut switches: mpsc::Receiver<Switch>) {
         loop {
             let batch = tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
-                Some(moved) = switches.recv() => {
+                Some((to, moved)) = switches.recv() => {
                     let left;
-                    (session, left) = self.listener.switch(session).await;
+                    (session, left) = self.listener.switch(session, to).await;
                     left.into_iter().for_each(|p| self.deliver(p.into()));
                     let _ = moved.send(());
                     continue;
@@ -384,6 +396,9 @@ impl ReplyInbox {
     }
 }
 
+/// A request to move a listener to another adapter, answered once it listens there.
+type Switch = (AdapterInstance, oneshot::Sender<()>);
+
 /// Removes a request's entry from the pending map however the request ends.
 struct PendingGuard<'a> {
     pending: &'a Pending,
@@ -415,11 +430,11 @@ impl Inboxes {
         }
     }
 
-    /// Move every live listener, and the reply inbox, to the slot's current adapter: each
-    /// listens there first, then stops its listener on the old one, so an address is never
+    /// Move every live listener, and the reply inbox, to the adapter `to`: each listens there
+    /// first, then stops its listener on the old one, so an address is never
     /// without a listener.
-    pub(crate) async fn switch_all(&self) {
-        let mut switches: Vec<mpsc::Sender<oneshot::Sender<()>>> = {
+    pub(crate) async fn switch_all(&self, to: &AdapterInstance) {
+        let mut switches: Vec<mpsc::Sender<Switch>> = {
             let mut listeners = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
             listeners.retain(|l| l.strong_count() > 0);
             listeners
@@ -433,7 +448,7 @@ impl Inboxes {
         }
         let moves = switches.iter().map(|switch| async move {
             let (reply, done) = oneshot::channel();
-            if switch.send(reply).await.is_ok() {
+            if switch.send((to.clone(), reply)).await.is_ok() {
                 let _ = done.await;
             }
         });
@@ -598,23 +613,19 @@ struct ListenerShared {
     /// Bounds the handlers in flight to `concurrency`.
     slots: Arc<Semaphore>,
     /// Asks the runner to listen on the slot's current adapter; answered once it does.
-    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
+    switch_tx: mpsc::Sender<Switch>,
 }
 
 impl ListenerShared {
     /// Hand packets to handlers until stopped; listen again when the stream ends without a stop.
-    async fn run(
-        self: Arc<Self>,
-        mut session: Session,
-        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
-    ) {
+    async fn run(self: Arc<Self>, mut session: Session, mut switches: mpsc::Receiver<Switch>) {
         'run: loop {
             let batch = tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
-                Some(moved) = switches.recv() => {
+                Some((to, moved)) = switches.recv() => {
                     let left;
-                    (session, left) = self.listener.switch(session).await;
+                    (session, left) = self.listener.switch(session, to).await;
                     let _ = moved.send(());
                     Some(left)
                 }

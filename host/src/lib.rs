@@ -18,6 +18,7 @@ mod batch;
 pub mod broker;
 pub mod direct;
 pub mod log;
+pub mod migrate;
 pub mod queue;
 pub mod watch;
 
@@ -26,5 +27,6 @@ pub use broker::{Broker, BrokerBuilder, SwapReport};
 pub use direct::{Direct, Incoming, ListenOptions, Listener, Packet, SendOptions};
 pub use drivers::memory::MemoryStore;
 pub use log::{AppendOptions, Entry, Log, Position, ReadFrom, Reader};
+pub use migrate::{MigrateOptions, MigrationEvent, MigrationReport, QueueDrain};
 pub use queue::{ConsumeOptions, Consumer, Delivery, ProduceOptions, Queue, Settled};
 pub use runtime::{Capabilities, Limits};

@@ -20,6 +20,7 @@ use crate::batch::Batchers;
 use crate::bindings::{log as wit, types};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
+use crate::runtime::AdapterInstance;
 
 /// Message headers: repeated names allowed, values are bytes.
 pub type Headers = Vec<(String, Vec<u8>)>;
@@ -97,11 +98,98 @@ const TRANSIENT_RETRIES: u32 = 20;
 /// Pause between such attempts, and before re-establishing a lost tail.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// Per-broker log machinery: the append batchers and the shared topic tails.
+/// Per-broker log machinery: the append batchers, the shared topic tails and the feed.
 pub(crate) struct Logs {
     slot: Arc<AdapterSlot>,
     appends: Batchers<wit::RecordIn, String>,
     tails: tokio::sync::Mutex<HashMap<String, Arc<TopicTail>>>,
+    /// The feed readers start on now (the broker the slot's adapter talks to).
+    feed: Mutex<Arc<Feed>>,
+    /// The feed the last migration ended.
+    previous: Mutex<Option<Arc<Feed>>>,
+}
+
+/// The logs of one broker as seen through this host. A migration to another broker ends a
+/// feed: its readers finish it on the old adapter, then go on with the next feed from the
+/// swap point.
+pub(crate) struct Feed {
+    /// The old adapter, pinned by a migration while readers still finish this feed.
+    old: Mutex<Option<AdapterInstance>>,
+    /// Set when a migration ended this feed: the next feed, and per topic where it started.
+    next: std::sync::OnceLock<(Arc<Feed>, SwapPoints)>,
+    /// How many readers read this feed.
+    readers: tokio::sync::watch::Sender<usize>,
+    /// How many readers finished this feed and went on with the next one.
+    moved: std::sync::atomic::AtomicUsize,
+}
+
+/// Per topic, the position of the next entry on the new broker when a migration switched.
+pub(crate) type SwapPoints = HashMap<String, Vec<types::Position>>;
+
+impl Feed {
+    fn new() -> Arc<Self> {
+        Arc::new(Feed {
+            old: Mutex::new(None),
+            next: std::sync::OnceLock::new(),
+            readers: tokio::sync::watch::channel(0).0,
+            moved: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The adapter that serves this feed: the pinned old one, the slot's when the feed is the
+    /// current one, or `Gone` once a migration let the old broker go.
+    fn adapter(&self, slot: &AdapterSlot) -> Result<AdapterInstance> {
+        if let Some(old) = self.old.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Ok(old.clone());
+        }
+        match self.next.get() {
+            None => Ok(slot.current()),
+            Some(_) => Err(Error::Gone(
+                "the log moved to another broker, and the old one was let go before this reader \
+                 finished its feed"
+                    .into(),
+            )),
+        }
+    }
+
+    fn reader(self: &Arc<Self>) -> FeedGuard {
+        self.readers.send_modify(|n| *n += 1);
+        FeedGuard { feed: self.clone() }
+    }
+
+    /// Wait until no reader is left on this feed or `deadline` passes: (moved on, left).
+    pub(crate) async fn readers_moved(&self, deadline: std::time::Instant) -> (usize, usize) {
+        let mut readers = self.readers.subscribe();
+        let _ = tokio::time::timeout_at(deadline.into(), readers.wait_for(|n| *n == 0)).await;
+        let left = *readers.borrow();
+        (self.moved.load(std::sync::atomic::Ordering::Relaxed), left)
+    }
+
+    /// Let the old adapter go: readers still on this feed fail with `Gone`.
+    pub(crate) fn let_go(&self) {
+        self.old.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+/// Counts a reader of a [`Feed`].
+struct FeedGuard {
+    feed: Arc<Feed>,
+}
+
+impl Drop for FeedGuard {
+    fn drop(&mut self) {
+        self.feed.readers.send_modify(|n| *n -= 1);
+    }
+}
+
+/// The tails of an ended feed, stopped once the writes to the old broker have landed.
+pub(crate) struct EndedTails(Vec<Arc<TopicTail>>);
+
+impl EndedTails {
+    /// Stop them: their readers finish the old feed from pages and move on.
+    pub(crate) fn stop(self) {
+        self.0.iter().for_each(|t| t.stop.cancel());
+    }
 }
 
 impl Logs {
@@ -116,29 +204,79 @@ impl Logs {
                 }),
             ),
             tails: tokio::sync::Mutex::new(HashMap::new()),
+            feed: Mutex::new(Feed::new()),
+            previous: Mutex::new(None),
         }
+    }
+
+    /// The feed readers start on now.
+    fn current_feed(&self) -> Arc<Feed> {
+        self.feed.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A migration, before the slot moves: where each topic read here now starts on the new
+    /// adapter (its position before this host writes there).
+    pub(crate) async fn swap_points(&self, new: &AdapterInstance) -> SwapPoints {
+        let topics: Vec<String> = self.tails.lock().await.keys().cloned().collect();
+        let points = topics.into_iter().map(|topic| async move {
+            match new.log_tail(topic.clone(), types::Start::Latest).await {
+                Ok((positions, _stream)) => Some((topic, positions)),
+                Err(e) => {
+                    tracing::warn!(topic, "the new broker's position of the feed: {e} (its readers go on from its earliest entry)");
+                    None
+                }
+            }
+        });
+        futures::future::join_all(points)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// A migration, before the slot moves: the current feed is served by `old` from now on.
+    pub(crate) fn pin(&self, old: AdapterInstance) -> Arc<Feed> {
+        let feed = self.current_feed();
+        *feed.old.lock().unwrap_or_else(|e| e.into_inner()) = Some(old);
+        feed
+    }
+
+    /// A migration, once the slot moved: end `ended` (readers go on at `points` of a new
+    /// feed); its tails are returned, to be stopped when the old broker's writes landed.
+    pub(crate) async fn next_feed(&self, ended: &Arc<Feed>, points: SwapPoints) -> EndedTails {
+        let mut tails = self.tails.lock().await;
+        let next = Feed::new();
+        let _ = ended.next.set((next.clone(), points));
+        *self.feed.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        *self.previous.lock().unwrap_or_else(|e| e.into_inner()) = Some(ended.clone());
+        EndedTails(tails.drain().map(|(_, tail)| tail).collect())
     }
 
     /// Join the live shared tail of `topic` (started now if there is none): the tail, a guard
     /// that keeps it alive, and a subscription taken before any catch-up read.
+    /// `None` when `feed` is no longer the current one (a migration ended it).
     async fn join(
         &self,
         topic: &str,
-    ) -> Result<(Arc<TopicTail>, ReaderGuard, broadcast::Receiver<TailEvent>)> {
+        feed: &Arc<Feed>,
+    ) -> Result<Option<(Arc<TopicTail>, ReaderGuard, broadcast::Receiver<TailEvent>)>> {
         let mut tails = self.tails.lock().await;
+        if !Arc::ptr_eq(feed, &self.current_feed()) {
+            return Ok(None);
+        }
         if let Some(tail) = tails.get(topic).filter(|t| !t.stop.is_cancelled()) {
             let guard = tail.join();
             if let Some(subscription) = tail.subscribe() {
-                return Ok((tail.clone(), guard, subscription));
+                return Ok(Some((tail.clone(), guard, subscription)));
             }
         }
-        let tail = TopicTail::start(self.slot.clone(), topic.to_string()).await?;
+        let tail = TopicTail::start(self.slot.clone(), topic.to_string(), feed.clone()).await?;
         tails.insert(topic.to_string(), tail.clone());
         let guard = tail.join();
         let subscription = tail
             .subscribe()
             .ok_or_else(|| Error::Closed("the log was closed".into()))?;
-        Ok((tail, guard, subscription))
+        Ok(Some((tail, guard, subscription)))
     }
 }
 
@@ -212,15 +350,71 @@ impl Log {
     /// A malformed id or one past the tip is [`Error::BadRequest`]; an id older than the
     /// retained history or minted by another log is [`Error::Gone`].
     pub async fn read(&self, topic: &str, from: ReadFrom) -> Result<Reader> {
-        let slot = self.inner.slot.clone();
-        if let ReadFrom::After(id) = &from {
-            slot.current().log_parse_id(id.clone()).await?;
+        let logs = &self.inner.logs;
+        match self.read_on(logs.current_feed(), topic, from.clone()).await {
+            Err(e @ (Error::Gone(_) | Error::BadRequest(_)))
+                if matches!(from, ReadFrom::After(_)) =>
+            {
+                // An id minted before a migration: read the old feed while it is kept.
+                let previous = logs
+                    .previous
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                if let Some(previous) = previous
+                    && let Ok(reader) = self.read_on(previous, topic, from).await
+                {
+                    return Ok(reader);
+                }
+                Err(self.moved(e))
+            }
+            answer => answer,
         }
-        let (tail, guard, subscription) = self.inner.logs.join(topic).await?;
+    }
+
+    /// After a migration, an id the new broker refuses was minted by the old one: `Gone`,
+    /// saying the feed moved.
+    fn moved(&self, refused: Error) -> Error {
+        let moved = self
+            .inner
+            .migrated
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        match (moved.as_ref(), refused) {
+            (Some(moved), Error::Gone(why) | Error::BadRequest(why)) => Error::Gone(format!(
+                "{why}; the log moved from {} to {} {:.1?} ago: an id minted before the move is \
+                 foreign here (read from earliest to start over on the new broker)",
+                moved.from,
+                moved.to,
+                moved.at.elapsed()
+            )),
+            (_, refused) => refused,
+        }
+    }
+
+    /// Start a read on `feed`.
+    async fn read_on(&self, feed: Arc<Feed>, topic: &str, from: ReadFrom) -> Result<Reader> {
+        let slot = self.inner.slot.clone();
+        let adapter = feed.adapter(&slot)?;
+        if let ReadFrom::After(id) = &from {
+            adapter.log_parse_id(id.clone()).await?;
+        }
+        let feed_guard = feed.reader();
+        let joined = if feed.next.get().is_none() {
+            self.inner.logs.join(topic, &feed).await?
+        } else {
+            None
+        };
         let mut cursor = Cursor::new(types::Start::Earliest);
         let mut first_page = None;
         match from {
             ReadFrom::Latest => {
+                // An ended feed has no live tail and nothing more to come.
+                let Some((tail, _, _)) = &joined else {
+                    return Err(Error::Gone(format!(
+                        "the log of topic `{topic}` moved to another broker"
+                    )));
+                };
                 let head = tail.head.lock().unwrap_or_else(|e| e.into_inner());
                 cursor.next = head.next.clone();
                 cursor.scan_from = head.last_id.clone();
@@ -229,8 +423,7 @@ impl Log {
                 if let ReadFrom::After(id) = from {
                     cursor.origin = types::Start::After(id);
                 }
-                let page = slot
-                    .current()
+                let page = adapter
                     .log_range(topic.to_string(), cursor.origin.clone(), PAGE)
                     .await?;
                 first_page = Some(page);
@@ -247,9 +440,15 @@ impl Log {
             }),
         };
         let (out, rx) = mpsc::channel(READER_BUFFER);
+        // Without a live tail (an ended feed) the reader reads its pages, then moves on.
+        let (guard, subscription) = match joined {
+            Some((_, guard, subscription)) => (Some(guard), Some(subscription)),
+            None => (None, None),
+        };
         let task = ReaderTask {
             inner: self.inner.clone(),
             topic: topic.to_string(),
+            feed: feed_guard,
             guard,
             subscription,
             cursor,
@@ -354,9 +553,11 @@ enum Stop {
 struct ReaderTask {
     inner: Arc<Inner>,
     topic: String,
-    /// Keeps the shared tail alive while this reader reads.
-    guard: ReaderGuard,
-    subscription: broadcast::Receiver<TailEvent>,
+    /// The feed this reader reads.
+    feed: FeedGuard,
+    /// Keeps the shared tail alive while this reader reads (none on an ended feed).
+    guard: Option<ReaderGuard>,
+    subscription: Option<broadcast::Receiver<TailEvent>>,
     cursor: Cursor,
     out: mpsc::Sender<Result<Entry>>,
 }
@@ -373,7 +574,13 @@ impl ReaderTask {
             }
         }
         loop {
-            let entry = match self.subscription.recv().await {
+            let Some(subscription) = self.subscription.as_mut() else {
+                if self.rejoin().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let entry = match subscription.recv().await {
                 Ok(TailEvent::Entry(entry)) => entry,
                 Ok(TailEvent::Gap) => {
                     if self.catch_up().await.is_err() {
@@ -462,10 +669,14 @@ impl ReaderTask {
     async fn range(&mut self, origin: types::Start) -> std::result::Result<wit::Page, Stop> {
         let mut attempt = 0;
         loop {
-            match self
-                .inner
-                .slot
-                .current()
+            let adapter = match self.feed.feed.adapter(&self.inner.slot) {
+                Ok(adapter) => adapter,
+                Err(e) => {
+                    let _ = self.out.send(Err(e)).await;
+                    return Err(Stop::Failed);
+                }
+            };
+            match adapter
                 .log_range(self.topic.clone(), origin.clone(), PAGE)
                 .await
             {
@@ -484,13 +695,38 @@ impl ReaderTask {
         }
     }
 
+    /// A migration ended this reader's feed: read the rest of it from the old adapter (whose
+    /// writes have landed), then go on with the next feed from the swap point.
+    async fn move_on(&mut self) -> std::result::Result<(), Stop> {
+        self.guard = None;
+        self.subscription = None;
+        while let Some((next, points)) = self.feed.feed.next.get().cloned() {
+            self.catch_up().await?;
+            self.cursor = Cursor::new(types::Start::Earliest);
+            if let Some(positions) = points.get(&self.topic) {
+                self.cursor.next = positions.iter().map(|p| (p.partition, p.offset)).collect();
+            }
+            self.feed
+                .feed
+                .moved
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.feed = next.reader();
+            tracing::debug!(topic = %self.topic, "reader finished the old broker's feed; on the new one");
+        }
+        Ok(())
+    }
+
+    /// Join the live tail of the reader's feed again (moving on first when a migration ended
+    /// it) and fill from pages what happened in between.
     async fn rejoin(&mut self) -> std::result::Result<(), Stop> {
         let mut attempt = 0;
         loop {
-            match self.inner.logs.join(&self.topic).await {
-                Ok((_, guard, subscription)) => {
-                    self.guard = guard;
-                    self.subscription = subscription;
+            self.move_on().await?;
+            match self.inner.logs.join(&self.topic, &self.feed.feed).await {
+                Ok(None) => continue,
+                Ok(Some((_, guard, subscription))) => {
+                    self.guard = Some(guard);
+                    self.subscription = Some(subscription);
                     return self.catch_up().await;
                 }
                 Err(e) if attempt >= TRANSIENT_RETRIES => {
@@ -526,6 +762,8 @@ struct Head {
 /// If the adapter's stream ends (a trap, a cut connection) it is re-established after the last
 /// entry seen; readers see at worst a gap, which they fill from pages.
 pub(crate) struct TopicTail {
+    /// The feed it follows: once a migration ended it, the tail is not re-established.
+    feed: Arc<Feed>,
     tx: Mutex<Option<broadcast::Sender<TailEvent>>>,
     head: Mutex<Head>,
     readers: Mutex<usize>,
@@ -533,13 +771,14 @@ pub(crate) struct TopicTail {
 }
 
 impl TopicTail {
-    async fn start(slot: Arc<AdapterSlot>, topic: String) -> Result<Arc<Self>> {
-        let (positions, rx) = slot
-            .current()
+    async fn start(slot: Arc<AdapterSlot>, topic: String, feed: Arc<Feed>) -> Result<Arc<Self>> {
+        let (positions, rx) = feed
+            .adapter(&slot)?
             .log_tail(topic.clone(), types::Start::Latest)
             .await?;
         let (tx, _) = broadcast::channel(TAIL_BUFFER);
         let tail = Arc::new(TopicTail {
+            feed,
             tx: Mutex::new(Some(tx)),
             head: Mutex::new(Head {
                 next: positions.iter().map(|p| (p.partition, p.offset)).collect(),
@@ -641,7 +880,7 @@ impl TopicTail {
     ) -> Option<mpsc::Receiver<Vec<wit::Entry>>> {
         let mut from_latest = false;
         loop {
-            if self.stop.is_cancelled() {
+            if self.stop.is_cancelled() || self.feed.next.get().is_some() {
                 return None;
             }
             let last_id = self
@@ -654,7 +893,10 @@ impl TopicTail {
                 Some(id) if !from_latest => types::Start::After(id),
                 _ => types::Start::Latest,
             };
-            match slot.current().log_tail(topic.to_string(), origin).await {
+            let Ok(adapter) = self.feed.adapter(slot) else {
+                return None;
+            };
+            match adapter.log_tail(topic.to_string(), origin).await {
                 Ok((positions, rx)) => {
                     self.note_gap(&positions);
                     return Some(rx);

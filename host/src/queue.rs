@@ -14,7 +14,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -26,6 +26,7 @@ use crate::bindings::{queue as wit, types};
 use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
 use crate::log::Headers;
+use crate::migrate::QueueDrain;
 use crate::runtime::AdapterInstance;
 use crate::runtime::trace::TargetLogger;
 
@@ -117,12 +118,59 @@ impl Queues {
         };
         let moves = live.iter().map(|consumer| async move {
             let (reply, done) = oneshot::channel();
-            if consumer.switch_tx.send(reply).await.is_ok() {
+            if consumer.switch_tx.send(Move::Swap(reply)).await.is_ok() {
                 let _ = done.await;
             }
         });
         futures::future::join_all(moves).await;
     }
+
+    /// A migration: every live consumer consumes on the slot's current adapter at once and keeps
+    /// draining its session on the old one until the old broker's queue is empty (or
+    /// `deadline`). Returns once all consume on the new adapter, with the queue of each
+    /// consumer and an answer that comes when its old queue was drained or given up.
+    pub(crate) async fn migrate_all(
+        &self,
+        deadline: Instant,
+    ) -> Vec<(String, oneshot::Receiver<QueueDrain>)> {
+        let live: Vec<Arc<ConsumerShared>> = {
+            let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+            consumers.retain(|c| c.strong_count() > 0);
+            consumers.iter().filter_map(|c| c.upgrade()).collect()
+        };
+        let moves = live.iter().map(|consumer| async move {
+            let (moved, on_new) = oneshot::channel();
+            let (drained, answer) = oneshot::channel();
+            let request = Move::Migrate {
+                deadline,
+                moved,
+                drained,
+            };
+            if consumer.switch_tx.send(request).await.is_ok() {
+                let _ = on_new.await;
+            }
+            (consumer.queue.clone(), answer)
+        });
+        futures::future::join_all(moves).await
+    }
+}
+
+/// How often a consumer draining an old broker asks it how much is left.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// A request to a consumer's runner to move to the slot's current adapter.
+enum Move {
+    /// A hot swap (same broker): drain the old session, then consume on the new adapter;
+    /// answered once it consumes there.
+    Swap(oneshot::Sender<()>),
+    /// A migration (another broker): consume on the new adapter at once (`moved`), and keep
+    /// handling the old session's deliveries until the old queue is empty or `deadline`
+    /// (`drained`).
+    Migrate {
+        deadline: Instant,
+        moved: oneshot::Sender<()>,
+        drained: oneshot::Sender<QueueDrain>,
+    },
 }
 
 /// A handler: gets each delivery, may settle it; `Ok` without a settlement acks it, `Err` (or a
@@ -181,6 +229,16 @@ impl Queue {
                 let (first, second) = (queue.to_string(), batch.clone());
                 async move { adapter.queue_produce(first, second).await }
             })
+            .await
+    }
+
+    /// How many messages of `queue` are not yet done on the broker: waiting, delayed for a
+    /// retry, or delivered and unsettled (by any host instance).
+    pub async fn depth(&self, queue: &str) -> Result<u64> {
+        self.inner
+            .slot
+            .current()
+            .queue_depth(queue.to_string())
             .await
     }
 
@@ -255,8 +313,8 @@ struct ConsumerShared {
     /// Bounds handlers in flight to `prefetch`, whatever the adapter delivers.
     slots: Arc<Semaphore>,
     settle_tx: mpsc::Sender<SettleRequest>,
-    /// Asks the runner to move to the slot's current adapter; answered once moved.
-    switch_tx: mpsc::Sender<oneshot::Sender<()>>,
+    /// Asks the runner to move to the slot's current adapter.
+    switch_tx: mpsc::Sender<Move>,
     settle_log: TargetLogger,
 }
 
@@ -270,8 +328,15 @@ struct SettleRequest {
 type Deliveries = mpsc::Receiver<Vec<wit::Delivery>>;
 
 impl ConsumerShared {
+    /// Consume on the slot's current adapter; the session becomes the live one.
     async fn start_session(&self) -> Result<(Arc<Session>, Deliveries)> {
-        let instance = self.slot.current();
+        let (session, deliveries) = self.open_session(self.slot.current()).await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
+        Ok((session, deliveries))
+    }
+
+    /// Consume on `instance`.
+    async fn open_session(&self, instance: AdapterInstance) -> Result<(Arc<Session>, Deliveries)> {
         let options = wit::ConsumeOptions {
             prefetch: self.options.prefetch,
             dead_letter: self.options.dead_letter.clone(),
@@ -282,8 +347,86 @@ impl ConsumerShared {
             id,
             handlers: TaskTracker::new(),
         });
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         Ok((session, deliveries))
+    }
+
+    /// Run the handler on each delivery of `batch` (at most `prefetch` at once); false when
+    /// the consumer was stopped.
+    async fn dispatch(self: &Arc<Self>, session: &Arc<Session>, batch: Vec<wit::Delivery>) -> bool {
+        for delivery in batch {
+            let Ok(permit) = self.slots.clone().acquire_owned().await else {
+                return false;
+            };
+            let delivery = Delivery::new(self.clone(), session.clone(), delivery);
+            let shared = self.clone();
+            session.handlers.spawn(async move {
+                shared.handle(delivery).await;
+                drop(permit);
+            });
+        }
+        true
+    }
+
+    /// A migration left `session` on the old broker: keep handling its deliveries until the
+    /// old queue is empty (nothing waiting, delayed or unsettled there), the `deadline` passes
+    /// or the consumer stops; then stop it (what is unsettled goes back to the old broker).
+    async fn drain_migrated(
+        self: Arc<Self>,
+        mut session: Arc<Session>,
+        mut deliveries: Deliveries,
+        deadline: Instant,
+    ) -> QueueDrain {
+        let started = Instant::now();
+        let old = session.instance.clone();
+        let mut poll = tokio::time::interval(DRAIN_POLL);
+        let mut depth = None;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stopping.cancelled() => break,
+                _ = tokio::time::sleep_until(deadline.into()) => break,
+                batch = deliveries.recv() => match batch {
+                    Some(batch) => {
+                        if !self.dispatch(&session, batch).await {
+                            break;
+                        }
+                    }
+                    None => {
+                        // The old adapter cut the stream (a trap): consume there again.
+                        tokio::time::sleep(RECONSUME_PAUSE).await;
+                        match self.open_session(old.clone()).await {
+                            Ok(next) => (session, deliveries) = next,
+                            Err(e) => {
+                                tracing::warn!(queue = %self.queue, "draining the old broker: {e}");
+                                break;
+                            }
+                        }
+                    }
+                },
+                _ = poll.tick() => match old.queue_depth(self.queue.clone()).await {
+                    Ok(0) => {
+                        depth = Some(0);
+                        break;
+                    }
+                    Ok(n) => depth = Some(n),
+                    Err(e) => tracing::debug!(queue = %self.queue, "asking the old broker for the queue depth: {e}"),
+                },
+            }
+        }
+        self.drain(&session, deliveries).await;
+        let left = if depth == Some(0) {
+            0
+        } else {
+            old.queue_depth(self.queue.clone())
+                .await
+                .unwrap_or(depth.unwrap_or(u64::MAX))
+        };
+        QueueDrain {
+            queue: self.queue.clone(),
+            drained: left == 0,
+            left,
+            took: started.elapsed(),
+        }
     }
 
     /// Consume again on the slot's current adapter, retrying until it answers or the consumer
@@ -310,31 +453,38 @@ impl ConsumerShared {
         self: Arc<Self>,
         mut session: Arc<Session>,
         mut deliveries: Deliveries,
-        mut switches: mpsc::Receiver<oneshot::Sender<()>>,
+        mut switches: mpsc::Receiver<Move>,
     ) {
         loop {
             tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
-                Some(moved) = switches.recv() => {
-                    self.drain(&session, deliveries).await;
-                    let Some(next) = self.restart().await else {
+                Some(request) = switches.recv() => match request {
+                    Move::Swap(moved) => {
+                        self.drain(&session, deliveries).await;
+                        let Some(next) = self.restart().await else {
+                            let _ = moved.send(());
+                            return;
+                        };
+                        (session, deliveries) = next;
                         let _ = moved.send(());
-                        return;
-                    };
-                    (session, deliveries) = next;
-                    let _ = moved.send(());
-                }
+                    }
+                    Move::Migrate { deadline, moved, drained } => {
+                        let old = (session.clone(), deliveries);
+                        let next = self.restart().await;
+                        let _ = moved.send(());
+                        let draining = self.clone().drain_migrated(old.0, old.1, deadline);
+                        tokio::spawn(async move {
+                            let _ = drained.send(draining.await);
+                        });
+                        let Some(next) = next else { return };
+                        (session, deliveries) = next;
+                    }
+                },
                 batch = deliveries.recv() => match batch {
                     Some(batch) => {
-                        for delivery in batch {
-                            let Ok(permit) = self.slots.clone().acquire_owned().await else { return };
-                            let delivery = Delivery::new(self.clone(), session.clone(), delivery);
-                            let shared = self.clone();
-                            session.handlers.spawn(async move {
-                                shared.handle(delivery).await;
-                                drop(permit);
-                            });
+                        if !self.dispatch(&session, batch).await {
+                            return;
                         }
                     }
                     None => {

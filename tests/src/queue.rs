@@ -38,6 +38,7 @@ tests!(
     a_stopped_consumer_hands_unsettled_work_to_another,
     a_thousand_messages_with_random_failures_all_handled,
     refused_settlements_hand_the_message_back_and_mark_unhealthy,
+    depth_counts_what_is_not_done_waiting_delayed_or_unsettled,
 );
 
 /// A consumer of the adapter itself (no host machinery), holding at most `prefetch` deliveries.
@@ -292,6 +293,49 @@ async fn ack_is_final(f: Factory) -> anyhow::Result<()> {
         seen.lock().unwrap().is_empty(),
         "acked messages came back: {:?}",
         seen.lock().unwrap()
+    );
+    Ok(())
+}
+
+async fn depth_counts_what_is_not_done_waiting_delayed_or_unsettled(
+    f: Factory,
+) -> anyhow::Result<()> {
+    let broker = f.instance().await?;
+    let (queue, adapter) = (broker.queue()?, broker.adapter());
+    let (name, dlq) = (unique("depth"), unique("depth-dead"));
+    ensure_eq!(queue.depth(&name).await?, 0, "a queue nobody produced to");
+    produce_n(&queue, &name, 3).await?;
+    ensure_eq!(queue.depth(&name).await?, 3, "three waiting");
+    let options = RawOptions {
+        prefetch: 1,
+        dead_letter: Some(dlq.clone()),
+    };
+    let (id, mut deliveries) = adapter.queue_consume(name.clone(), options).await?;
+    let mut settle = async |settlement: Settlement| -> anyhow::Result<()> {
+        let held = recv(&mut deliveries, "a delivery").await?.remove(0);
+        let results = adapter
+            .queue_settle(id, vec![(held.tag, settlement)])
+            .await?;
+        ensure!(results.iter().all(|r| r.is_ok()), "settled: {results:?}");
+        Ok(())
+    };
+    // Delivered and unsettled still counts; a retry waiting for its delay counts.
+    settle(Settlement::Retry(60_000)).await?;
+    ensure_eq!(queue.depth(&name).await?, 3, "one delayed, two waiting");
+    settle(Settlement::Ack).await?;
+    ensure_eq!(queue.depth(&name).await?, 2, "after an ack");
+    settle(Settlement::DeadLetter("no".into())).await?;
+    ensure_eq!(
+        queue.depth(&name).await?,
+        1,
+        "after a dead-letter: the delayed retry"
+    );
+    ensure_eq!(queue.depth(&dlq).await?, 1, "the dead-letter queue");
+    adapter.queue_stop(id).await?;
+    ensure_eq!(
+        queue.depth(&name).await?,
+        1,
+        "a stopped consumer changes nothing"
     );
     Ok(())
 }

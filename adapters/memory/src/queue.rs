@@ -375,4 +375,8 @@ impl Guest for Component {
         c.ended.wait().await;
         CONSUMERS.with_borrow_mut(|m| m.remove(&consumer_id));
     }
+
+    async fn depth(queue: String) -> Result<u64, Error> {
+        Ok(store::queue_depth(&config()?.name("queue", &queue)?))
+    }
 }

@@ -641,4 +641,17 @@ impl Guest for Component {
         c.ended.wait().await;
         CONSUMERS.with_borrow_mut(|m| m.remove(&consumer_id));
     }
+
+    async fn depth(queue: String) -> Result<u64, Error> {
+        // A work-queue stream keeps exactly the messages not yet acknowledged (or terminated):
+        // waiting, delayed copies of retries, and delivered ones still unsettled.
+        let stream = config()?.stream("q", &queue)?;
+        match js::api(&format!("STREAM.INFO.{stream}"), &serde_json::Value::Null).await {
+            Ok(info) => info["state"]["messages"].as_u64().ok_or_else(|| {
+                Error::internal(format!("STREAM.INFO {stream}: no state.messages in {info}"))
+            }),
+            Err(e) if e.stream_missing() => Ok(0),
+            Err(e) => Err(e.into_error(&format!("queue stream {stream}"))),
+        }
+    }
 }

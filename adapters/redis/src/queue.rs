@@ -607,4 +607,20 @@ impl Guest for Component {
         c.ended.wait().await;
         CONSUMERS.with_borrow_mut(|m| m.remove(&consumer_id));
     }
+
+    async fn depth(queue: String) -> Result<u64, Error> {
+        // Acknowledged entries are deleted, so the stream holds exactly the waiting and the
+        // unsettled ones; delayed retries wait in the sorted set.
+        let config = config()?;
+        let (stream, delayed) = (config.key("q", &queue)?, config.key("qd", &queue)?);
+        let replies = pipeline(vec![args!["XLEN", &stream], args!["ZCARD", &delayed]]).await?;
+        let mut depth = 0u64;
+        for reply in &replies {
+            match reply {
+                Reply::Int(n) => depth += *n as u64,
+                other => return Err(Error::internal(format!("XLEN/ZCARD answered {other:?}"))),
+            }
+        }
+        Ok(depth)
+    }
 }

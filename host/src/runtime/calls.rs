@@ -242,6 +242,22 @@ impl AdapterInstance {
         .await
     }
 
+    /// `queue.depth`: messages of the queue not yet done.
+    pub async fn queue_depth(&self, queue_name: String) -> Result<u64> {
+        self.call(move |accessor, exports| {
+            Box::pin(async move {
+                let Some(queue) = &exports.queue else {
+                    return Ok(Err(missing("queue")));
+                };
+                Ok(queue
+                    .call_depth(accessor, queue_name)
+                    .await?
+                    .map_err(Error::from))
+            })
+        })
+        .await
+    }
+
     /// `direct.inbox`.
     pub async fn direct_inbox(&self) -> Result<String> {
         self.call(move |accessor, exports| {

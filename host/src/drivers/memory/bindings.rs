@@ -142,6 +142,11 @@ impl wit::Host for Ctx {
             .map_err(error))
     }
 
+    fn queue_depth(&mut self, queue: String) -> wasmtime::Result<u64> {
+        let stats = self.memory()?.queue_len(&queue);
+        Ok((stats.ready + stats.delayed + stats.leased) as u64)
+    }
+
     fn queue_push(
         &mut self,
         queue: String,

@@ -145,6 +145,9 @@ mod others {
             None
         }
         async fn stop(_consumer: ConsumerId) {}
+        async fn depth(_queue: String) -> Result<u64, Error> {
+            no()
+        }
     }
 
     impl Direct for Probe {
