@@ -114,6 +114,13 @@ impl Fanout {
         Ok(fanout)
     }
 
+    /// Hand `payloads` to every local subscriber.
+    fn fan_out(&self, payloads: Vec<Vec<u8>>) {
+        for payload in payloads {
+            let _ = self.tx.send(Bytes::from(payload));
+        }
+    }
+
     /// Forward what the old subscription still delivers until `done` fires.
     async fn drain_old(
         self: Arc<Self>,
@@ -127,9 +134,7 @@ impl Fanout {
                 batch = rx.recv() => batch,
             };
             let Some(payloads) = batch else { return };
-            for payload in payloads {
-                let _ = self.tx.send(Bytes::from(payload));
-            }
+            self.fan_out(payloads);
         }
     }
 
@@ -152,11 +157,7 @@ impl Fanout {
                 batch = rx.recv() => batch,
             };
             match batch {
-                Some(payloads) => {
-                    for payload in payloads {
-                        let _ = self.tx.send(Bytes::from(payload));
-                    }
-                }
+                Some(payloads) => self.fan_out(payloads),
                 None => loop {
                     if self.stop.is_cancelled() {
                         return;

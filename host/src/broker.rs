@@ -252,16 +252,27 @@ impl BrokerBuilder {
     }
 }
 
-/// The capabilities `old` exports that `component` does not.
-pub(crate) fn missing_capabilities(
+/// Start `component` as the successor of `old` (generation + 1). One that does not export a
+/// capability `old` exports is refused (the error ends with `not <done>`).
+pub(crate) async fn start_successor(
     old: &AdapterInstance,
-    component: &AdapterComponent,
-) -> Vec<&'static str> {
-    old.capabilities()
+    component: Arc<AdapterComponent>,
+    config: InstanceConfig,
+    done: &str,
+) -> Result<AdapterInstance> {
+    let missing: Vec<&str> = old
+        .capabilities()
         .names()
         .into_iter()
         .filter(|c| !component.capabilities.names().contains(c))
-        .collect()
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "the new adapter does not export {} (the running one does): not {done}",
+            missing.join(", ")
+        )));
+    }
+    AdapterInstance::start_at(component, config, old.generation() + 1).await
 }
 
 /// How many times a call failed by a trap is tried again on the replacement instance.
@@ -295,7 +306,7 @@ impl AdapterSlot {
     }
 
     /// Point every later call at `instance`; returns the one it replaces.
-    pub(crate) fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
+    fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
         std::mem::replace(
             &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
             instance,
@@ -343,14 +354,28 @@ pub(crate) struct Inner {
     pub(crate) channels: Channels,
     pub(crate) queues: Queues,
     pub(crate) inboxes: Inboxes,
-    pub(crate) component: RwLock<Arc<AdapterComponent>>,
+    component: RwLock<Arc<AdapterComponent>>,
     pub(crate) runtime: Runtime,
     /// How instances are started: options, limits, ids and the drivers lent to the adapter.
-    pub(crate) config: RwLock<InstanceConfig>,
+    config: RwLock<InstanceConfig>,
     /// One swap or migration at a time.
     pub(crate) swapping: tokio::sync::Mutex<()>,
     /// The last migration to another broker: what it moved from and to, and when.
     pub(crate) migrated: RwLock<Option<crate::migrate::Moved>>,
+}
+
+impl Inner {
+    /// Point every later call at `new`, the component it runs and how it was started.
+    pub(crate) fn install(
+        &self,
+        new: AdapterInstance,
+        component: Arc<AdapterComponent>,
+        config: InstanceConfig,
+    ) {
+        self.slot.replace(new);
+        *self.component.write().unwrap_or_else(|e| e.into_inner()) = component;
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
 }
 
 impl Drop for Inner {
@@ -482,26 +507,13 @@ impl Broker {
                 .runtime
                 .load_bytes(source, wasm, &config.drivers)?,
         );
-        let missing = missing_capabilities(&old, &component);
-        if !missing.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "the new adapter does not export {} (the running one does): not swapped",
-                missing.join(", ")
-            )));
-        }
         config.options = options
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        let new =
-            AdapterInstance::start_at(component.clone(), config, old.generation() + 1).await?;
+        let new = start_successor(&old, component.clone(), config.clone(), "swapped").await?;
         let ready = started.elapsed();
-        self.inner.slot.replace(new.clone());
-        *self
-            .inner
-            .component
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = component;
+        self.inner.install(new.clone(), component, config);
         tokio::join!(
             self.inner.queues.switch_all(),
             self.inner.inboxes.switch_all(&new)

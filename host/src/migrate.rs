@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, BrokerBuilder, missing_capabilities};
-use crate::error::{Error, Result};
+use crate::broker::{Broker, BrokerBuilder, start_successor};
+use crate::error::Result;
 use crate::runtime::AdapterInstance;
 
 /// How a migration runs.
@@ -138,16 +138,7 @@ impl Broker {
         let _one_at_a_time = inner.swapping.lock().await;
         let old = inner.slot.current();
         let (_, component, config) = to.prepare(Some(inner.runtime.clone())).await?;
-        let missing = missing_capabilities(&old, &component);
-        if !missing.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "the new adapter does not export {} (the running one does): not migrated",
-                missing.join(", ")
-            )));
-        }
-        let new =
-            AdapterInstance::start_at(component.clone(), config.clone(), old.generation() + 1)
-                .await?;
+        let new = start_successor(&old, component.clone(), config.clone(), "migrated").await?;
         let ready = started.elapsed();
         let (from, to) = (describe(&old), describe(&new));
         let progress = |event: MigrationEvent| {
@@ -167,9 +158,7 @@ impl Broker {
 
         // Switch: writes go to the new broker; the current feed stays on the old adapter.
         let old_feed = inner.logs.pin(old.clone());
-        inner.slot.replace(new.clone());
-        *inner.component.write().unwrap_or_else(|e| e.into_inner()) = component;
-        *inner.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        inner.install(new.clone(), component, config);
         *inner.migrated.write().unwrap_or_else(|e| e.into_inner()) = Some(Moved {
             from: from.clone(),
             to: to.clone(),

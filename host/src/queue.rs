@@ -107,15 +107,18 @@ impl Queues {
         }
     }
 
+    /// The consumers not yet dropped.
+    fn live(&self) -> Vec<Arc<ConsumerShared>> {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.retain(|c| c.strong_count() > 0);
+        consumers.iter().filter_map(|c| c.upgrade()).collect()
+    }
+
     /// Move every live consumer to the slot's current adapter: each drains its session on the
     /// old one (handlers in flight finish within [`SWITCH_GRACE`], unsettled deliveries are
     /// released) and consumes again on the new one. Returns once all have moved.
     pub(crate) async fn switch_all(&self) {
-        let live: Vec<Arc<ConsumerShared>> = {
-            let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-            consumers.retain(|c| c.strong_count() > 0);
-            consumers.iter().filter_map(|c| c.upgrade()).collect()
-        };
+        let live = self.live();
         let moves = live.iter().map(|consumer| async move {
             let (reply, done) = oneshot::channel();
             if consumer.switch_tx.send(Move::Swap(reply)).await.is_ok() {
@@ -133,11 +136,7 @@ impl Queues {
         &self,
         deadline: Instant,
     ) -> Vec<(String, oneshot::Receiver<QueueDrain>)> {
-        let live: Vec<Arc<ConsumerShared>> = {
-            let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-            consumers.retain(|c| c.strong_count() > 0);
-            consumers.iter().filter_map(|c| c.upgrade()).collect()
-        };
+        let live = self.live();
         let moves = live.iter().map(|consumer| async move {
             let (moved, on_new) = oneshot::channel();
             let (drained, answer) = oneshot::channel();
@@ -470,10 +469,10 @@ impl ConsumerShared {
                         let _ = moved.send(());
                     }
                     Move::Migrate { deadline, moved, drained } => {
-                        let old = (session.clone(), deliveries);
                         let next = self.restart().await;
                         let _ = moved.send(());
-                        let draining = self.clone().drain_migrated(old.0, old.1, deadline);
+                        let draining =
+                            self.clone().drain_migrated(session.clone(), deliveries, deadline);
                         tokio::spawn(async move {
                             let _ = drained.send(draining.await);
                         });

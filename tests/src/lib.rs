@@ -9,6 +9,7 @@ pub mod direct;
 pub mod log;
 pub mod queue;
 pub mod support;
+pub mod workload;
 
 use std::future::Future;
 use std::pin::Pin;

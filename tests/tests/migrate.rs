@@ -5,7 +5,6 @@
 //! it minted is foreign (410, saying the feed moved); a queue that cannot drain by the deadline
 //! is reported with what was left.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use wrpc_broker::{
     AppendOptions, Broker, BrokerBuilder, ConsumeOptions, Error, MemoryStore, MigrateOptions,
     MigrationEvent, ProduceOptions, ReadFrom,
 };
+use wrpc_broker_contract::workload;
 
 const MESSAGES: usize = 10_000;
 /// Appends before the migration starts, and after it switched.
@@ -65,35 +65,21 @@ async fn migrate_under_load(from: BrokerBuilder, to: BrokerBuilder) -> anyhow::R
     let log = broker.log()?;
     let name = format!("migrate-{}", uuid::Uuid::new_v4().simple());
 
-    let handled: Arc<Mutex<HashSet<usize>>> = Arc::default();
-    let mut consumers = Vec::new();
-    for _ in 0..2 {
-        let handled = handled.clone();
-        consumers.push(
-            queue
-                .consume(
-                    &name,
-                    move |d| {
-                        let handled = handled.clone();
-                        async move {
-                            let n: usize = String::from_utf8_lossy(&d.body).parse()?;
-                            // A little work per message, so a backlog waits on the old broker
-                            // when the migration switches.
-                            tokio::time::sleep(Duration::from_millis(2)).await;
-                            handled.lock().unwrap().insert(n);
-                            Ok(())
-                        }
-                    },
-                    ConsumeOptions {
-                        prefetch: 8,
-                        dead_letter: None,
-                    },
-                )
-                .await?,
-        );
-    }
-    let mut reader = log.read(&name, ReadFrom::Earliest).await?;
-    let (total_tx, mut total_rx) = tokio::sync::watch::channel(None::<usize>);
+    let (consumers, handled) = workload::numbered_consumers(
+        &queue,
+        &name,
+        2,
+        ConsumeOptions {
+            prefetch: 8,
+            dead_letter: None,
+        },
+        // A little work per message, so a backlog waits on the old broker when the
+        // migration switches.
+        Duration::from_millis(2),
+    )
+    .await?;
+    // The reader must see 0, 1, 2, … with no gap: the old feed, then the new one.
+    let (total_tx, reading) = workload::follow_in_order(log.read(&name, ReadFrom::Earliest).await?);
 
     let migrated = Arc::new(AtomicBool::new(false));
     let producer = {
@@ -195,44 +181,13 @@ async fn migrate_under_load(from: BrokerBuilder, to: BrokerBuilder) -> anyhow::R
         })
     };
 
-    // The reader must see 0, 1, 2, … with no gap: the old feed, then the new one.
-    let reading = tokio::spawn(async move {
-        let mut next = 0usize;
-        loop {
-            if total_rx.borrow().is_some_and(|total| next == total) {
-                return anyhow::Ok(next);
-            }
-            let entry = tokio::select! {
-                entry = tokio::time::timeout(Duration::from_secs(30), reader.next_entry()) => entry,
-                _ = total_rx.changed() => continue,
-            };
-            let entry = entry
-                .with_context(|| format!("the reader stalled at entry {next}"))?
-                .context("the reader ended")?
-                .with_context(|| format!("the reader failed at entry {next}"))?;
-            let n: usize = String::from_utf8_lossy(&entry.value).parse()?;
-            ensure!(
-                n == next,
-                "the reader got entry {n} where {next} was due (gap or disorder)"
-            );
-            next += 1;
-        }
-    });
     let (began, report, events, backlog) = migrator.await??;
     let (entries, timings) = appender.await??;
     let _ = total_tx.send(Some(entries));
     producer.await??;
     let read = reading.await??;
     ensure!(read == entries, "read {read} of {entries} entries");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while handled.lock().unwrap().len() < MESSAGES {
-        ensure!(
-            Instant::now() < deadline,
-            "{} of {MESSAGES} messages handled",
-            handled.lock().unwrap().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    workload::until_all_handled(&handled, MESSAGES).await?;
     for consumer in &consumers {
         consumer.stop().await;
     }

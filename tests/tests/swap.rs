@@ -3,15 +3,14 @@
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use wrpc_broker::{
     AppendOptions, Broker, BrokerBuilder, ConsumeOptions, MemoryStore, ProduceOptions, ReadFrom,
 };
-use wrpc_broker_contract::components;
+use wrpc_broker_contract::{components, workload};
 
 const MESSAGES: usize = 10_000;
 const SWAPS: usize = 20;
@@ -71,32 +70,19 @@ async fn workload(
     let log = broker.log()?;
     let name = format!("swap-{}", uuid::Uuid::new_v4().simple());
 
-    let handled: Arc<Mutex<HashSet<usize>>> = Arc::default();
-    let mut consumers = Vec::new();
-    for _ in 0..2 {
-        let handled = handled.clone();
-        consumers.push(
-            queue
-                .consume(
-                    &name,
-                    move |d| {
-                        let handled = handled.clone();
-                        async move {
-                            let n: usize = String::from_utf8_lossy(&d.body).parse()?;
-                            handled.lock().unwrap().insert(n);
-                            Ok(())
-                        }
-                    },
-                    ConsumeOptions {
-                        prefetch: 32,
-                        dead_letter: None,
-                    },
-                )
-                .await?,
-        );
-    }
-    let mut reader = log.read(&name, ReadFrom::Earliest).await?;
-    let (total_tx, mut total_rx) = tokio::sync::watch::channel(None::<usize>);
+    let (consumers, handled) = workload::numbered_consumers(
+        &queue,
+        &name,
+        2,
+        ConsumeOptions {
+            prefetch: 32,
+            dead_letter: None,
+        },
+        Duration::ZERO,
+    )
+    .await?;
+    // The reader follows the feed while it is written; it must see 0, 1, 2, … with no gap.
+    let (total_tx, reading) = workload::follow_in_order(log.read(&name, ReadFrom::Earliest).await?);
 
     let producer = {
         let (queue, name) = (queue.clone(), name.clone());
@@ -166,44 +152,13 @@ async fn workload(
         })
     };
 
-    // The reader follows the feed while it is written; it must see 0, 1, 2, … with no gap.
-    let reading = tokio::spawn(async move {
-        let mut next = 0usize;
-        loop {
-            if total_rx.borrow().is_some_and(|total| next == total) {
-                return anyhow::Ok(next);
-            }
-            let entry = tokio::select! {
-                entry = tokio::time::timeout(Duration::from_secs(30), reader.next_entry()) => entry,
-                _ = total_rx.changed() => continue,
-            };
-            let entry = entry
-                .with_context(|| format!("the reader stalled at entry {next}"))?
-                .context("the reader ended")?
-                .with_context(|| format!("the reader failed at entry {next}"))?;
-            let n: usize = String::from_utf8_lossy(&entry.value).parse()?;
-            ensure!(
-                n == next,
-                "the reader got entry {n} where {next} was due (gap or disorder)"
-            );
-            next += 1;
-        }
-    });
     let pauses = swapper.await??;
     let entries = appender.await??;
     let _ = total_tx.send(Some(entries));
     producer.await??;
     let read = reading.await??;
     ensure!(read == entries, "read {read} of {entries} entries");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while handled.lock().unwrap().len() < MESSAGES {
-        ensure!(
-            Instant::now() < deadline,
-            "{} of {MESSAGES} messages handled",
-            handled.lock().unwrap().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    workload::until_all_handled(&handled, MESSAGES).await?;
     for consumer in &consumers {
         consumer.stop().await;
     }
