@@ -28,14 +28,19 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
     let store = broker_url.starts_with("memory").then(MemoryStore::new);
     // On a real server every run gets its own namespace, so earlier runs do not show up.
     let prefix = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    // The adapter's options; a swap passes them again (the new version runs in the same
+    // namespace).
+    let options: Vec<(String, String)> = match store {
+        Some(_) => Vec::new(),
+        None => vec![("prefix".to_string(), prefix)],
+    };
     let open = |store: Option<std::sync::Arc<MemoryStore>>| {
-        let prefix = prefix.clone();
+        let options = options.clone();
         async move {
-            let mut builder = Broker::builder().url(broker_url)?;
-            builder = match store {
-                Some(store) => builder.memory_store(store),
-                None => builder.option("prefix", prefix),
-            };
+            let mut builder = Broker::builder().url(broker_url)?.options(options);
+            if let Some(store) = store {
+                builder = builder.memory_store(store);
+            }
             anyhow::Ok(builder.open().await?)
         }
     };
@@ -56,7 +61,7 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
         backplane_part(&a, &b).await?,
         direct_part(&a, &b).await?,
         queue_part(&a, &b).await?,
-        swap_part(&a, broker_url).await?,
+        swap_part(&a, broker_url, &options).await?,
     ];
 
     a.close();
@@ -430,7 +435,11 @@ async fn queue_part(a: &Broker, b: &Broker) -> anyhow::Result<String> {
 // ---------------------------------------------------------------------------------------------
 // Hot swap
 
-async fn swap_part(a: &Broker, broker_url: &str) -> anyhow::Result<String> {
+async fn swap_part(
+    a: &Broker,
+    broker_url: &str,
+    options: &[(String, String)],
+) -> anyhow::Result<String> {
     heading("Hot swap: a new adapter version in the middle of a running queue");
     let wasm = wrpc_broker::broker::embedded_adapter(broker_url)
         .context("no embedded adapter for this broker")?;
@@ -473,7 +482,7 @@ async fn swap_part(a: &Broker, broker_url: &str) -> anyhow::Result<String> {
     let before = a.adapter().generation();
     let report = within(
         "the swap",
-        a.swap_bytes("a new adapter version", wasm, [("", ""); 0]),
+        a.swap_bytes("a new adapter version", wasm, options.to_vec()),
     )
     .await??;
     let at_swap = handled.lock().unwrap().len();

@@ -56,7 +56,16 @@ fn demo_runs_to_the_summary() {
 /// held at the hot swap did not come back within a minute: an open finding, see the issue.)
 #[test]
 fn demo_runs_on_nats() {
-    let url = "nats://127.0.0.1:4222";
+    demo_runs_on("nats://127.0.0.1:4222");
+}
+
+#[test]
+fn demo_runs_on_redis() {
+    demo_runs_on("redis://127.0.0.1:6379");
+}
+
+/// The demo on the server at `url`, to the end, with every job of the swap handled.
+fn demo_runs_on(url: &str) {
     let output = wrpc_broker(&["demo", "--broker", url]);
     let out = stdout(&output);
     assert!(

@@ -474,6 +474,7 @@ impl Broker {
     /// deliveries are released) and consume again on the new one; then the old one closes, and
     /// log readers, backplane subscriptions and direct listeners resume on the new one (readers
     /// after their last entry). A failure to load or start the new component changes nothing.
+    /// `options` replace the running adapter's: pass its `prefix` again to stay in its namespace.
     pub async fn swap<K: Into<String>, V: Into<String>>(
         &self,
         path: impl AsRef<std::path::Path>,
@@ -507,10 +508,17 @@ impl Broker {
                 .runtime
                 .load_bytes(source, wasm, &config.drivers)?,
         );
-        config.options = options
+        let options: Vec<(String, String)> = options
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
+        if options != config.options {
+            // Options replace the running ones: a `prefix` left out moves the adapter to
+            // another namespace, where the queues and feeds of this host are not.
+            tracing::warn!(running = ?config.options, new = ?options,
+                "the new adapter starts with other options than the running one");
+        }
+        config.options = options;
         let new = start_successor(&old, component.clone(), config.clone(), "swapped").await?;
         let ready = started.elapsed();
         self.inner.install(new.clone(), component, config);
