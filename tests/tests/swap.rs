@@ -41,15 +41,18 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_redis() {
+    // Requests are left out on the servers: a request published while a listener moves can be
+    // dropped inside the old adapter's stop (about 1 in 15 000 during back-to-back swaps; direct
+    // is at most once); see the closing note of the hot-swap issue.
     let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    let generation = workload(builder, wasm, options).await.unwrap();
+    let generation = workload(builder, wasm, options, false).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    let generation = workload(builder, wasm, options).await.unwrap();
+    let generation = workload(builder, wasm, options, false).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
@@ -64,6 +67,7 @@ async fn workload(
     builder: BrokerBuilder,
     swap_to: Vec<u8>,
     options: Vec<(String, String)>,
+    with_requests: bool,
 ) -> anyhow::Result<u32> {
     let broker = builder.open().await?;
     let queue = broker.queue()?;
@@ -102,6 +106,32 @@ async fn workload(
         })
     };
     let swaps_done = new_flag();
+    // A service answering requests throughout: no request may fail because of a swap.
+    let direct = broker.direct()?;
+    let service = format!("{name}.service");
+    let listener = direct
+        .listen(
+            &service,
+            |incoming| async move { Ok(incoming.reply(incoming.packet.body.clone()).await?) },
+            Default::default(),
+        )
+        .await?;
+    let requester = {
+        let (direct, service, done) = (direct.clone(), service.clone(), swaps_done.clone());
+        tokio::spawn(async move {
+            let mut answered = 0u64;
+            while with_requests && !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let reply = direct
+                    .request(&service, b"ping".to_vec(), Duration::from_secs(5))
+                    .await
+                    .with_context(|| format!("request {answered}"))?;
+                ensure!(reply.body == b"ping", "a reply with another body");
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            anyhow::Ok(answered)
+        })
+    };
     let appended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let appender = {
         let (log, name, done, appended) = (
@@ -153,6 +183,9 @@ async fn workload(
     };
 
     let pauses = swapper.await??;
+    let answered = requester.await??;
+    ensure!(answered > 0 || !with_requests, "no request was answered");
+    listener.stop().await;
     let entries = appender.await??;
     let _ = total_tx.send(Some(entries));
     producer.await??;
@@ -168,7 +201,7 @@ async fn workload(
         "the adapter was swapped {SWAPS} times (generation {generation})"
     );
     println!(
-        "{entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}"
+        "{answered} requests answered; {entries} entries read in order; generation {generation} after {SWAPS} swaps; swap durations: {pauses:?}"
     );
     Ok(generation)
 }
@@ -179,6 +212,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
         on_memory(components::MEMORY),
         std::fs::read(components::MEMORY).unwrap(),
         vec![],
+        true,
     )
     .await
     .unwrap();
@@ -195,10 +229,12 @@ async fn twenty_swaps_with_a_component_trapping_every_500th_call_lose_nothing() 
         on_memory(components::MEMORY_CHAOS),
         std::fs::read(components::MEMORY_CHAOS).unwrap(),
         vec![],
+        false,
     )
     .await
     .unwrap();
-    // Each trap starts a new generation too.
+    // Direct is at most once: a request in flight when the adapter traps fails, so the chaos
+    // run leaves requests out. Each trap starts a new generation too.
     assert!(
         generation > SWAPS as u32 + 1,
         "the chaos component never trapped (generation {generation})"
