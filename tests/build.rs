@@ -17,6 +17,7 @@ const MUTANTS: &[&str] = &[
     "ignore-group",
     "lose-retry",
     "second-settlement-wins",
+    "drop-on-stop",
 ];
 
 fn main() {

@@ -29,6 +29,7 @@ pub mod headers;
 pub mod ids;
 pub mod log;
 pub mod options;
+pub mod relay;
 pub mod signal;
 
 /// The host import (`wrpc:broker/host`): logging, ids, sleep, time, token encoding.

@@ -257,18 +257,38 @@ impl AdapterListener {
         }
     }
 
-    /// Stop the listener of `session` and collect what it had already received (the packets
-    /// the old adapter delivered before its stream ended), so none is lost in a swap.
+    /// Stop the listener of `session` and collect what it had already received (the adapter
+    /// hands over what its broker routed to it before the stop, then ends the stream), so none
+    /// is lost in a swap. Its packets are read while the stop runs: the adapter may be writing
+    /// them before its stop returns.
     async fn stop_and_drain(&self, mut session: Session) -> Vec<wit::Packet> {
         let adapter = session.instance.clone();
-        if adapter.generation() == session.generation
-            && let Err(e) = adapter.direct_stop(session.id).await
-        {
-            tracing::debug!(address = %self.address, "stopping the adapter listener: {e}");
-        }
+        let stop = async {
+            if adapter.generation() == session.generation
+                && let Err(e) = adapter.direct_stop(session.id).await
+            {
+                tracing::debug!(address = %self.address, "stopping the adapter listener: {e}");
+            }
+        };
+        let mut stop = std::pin::pin!(stop);
+        let mut stopped = false;
         let mut left = Vec::new();
-        while let Ok(Some(batch)) = tokio::time::timeout(DRAIN_WAIT, session.packets.recv()).await {
-            left.extend(batch);
+        loop {
+            tokio::select! {
+                () = &mut stop, if !stopped => stopped = true,
+                batch = session.packets.recv() => match batch {
+                    Some(batch) => left.extend(batch),
+                    None if stopped => break,
+                    // Ended before the stop returned: let the stop finish.
+                    None => {
+                        (&mut stop).await;
+                        break;
+                    }
+                },
+                // An adapter that keeps its stream open after the stop: stop waiting when it
+                // has been quiet for a while.
+                () = tokio::time::sleep(DRAIN_WAIT), if stopped => break,
+            }
         }
         left
     }
@@ -283,13 +303,16 @@ impl AdapterListener {
             }
         }
         let adapter = &session.instance;
+        let ended = session.packets.is_closed();
+        // Nobody takes its packets any more: dropped first, so an adapter handing over what it
+        // still holds before its stop returns finds the stream closed instead of full.
+        drop(session.packets);
         if adapter.generation() == session.generation
-            && !session.packets.is_closed()
+            && !ended
             && let Err(e) = adapter.direct_stop(session.id).await
         {
             tracing::debug!(address = %self.address, "stopping the adapter listener: {e}");
         }
-        drop(session.packets);
     }
 
     /// False while re-listening or once ended, or when the adapter says the listener went deaf.

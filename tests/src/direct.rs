@@ -1,6 +1,7 @@
 //! Direct contracts: addressable inboxes, at most once. `inbox()` is unique and routable;
 //! listeners in one group compete, ungrouped ones each get every packet; packets from one sender
-//! to one address arrive in order; a send nobody can take is 503; the host's request/reply
+//! to one address arrive in order; a send nobody can take is 503; a stopped adapter listener
+//! hands over what reached it before the stop; the host's request/reply
 //! pairs each reply with its request across host instances.
 
 use std::collections::{BTreeMap, HashSet};
@@ -36,6 +37,7 @@ tests!(
     packets_from_one_sender_arrive_in_order,
     a_request_nobody_answers_times_out,
     a_stopped_listener_gets_nothing_more,
+    an_adapter_listener_hands_over_what_reached_it_before_its_stop,
     a_live_listener_is_healthy,
     concurrent_requests_each_get_their_own_reply,
     a_packet_without_reply_to_cannot_be_answered,
@@ -79,6 +81,16 @@ fn body(text: impl Into<String>) -> Packet {
     Packet {
         body: text.into().into_bytes(),
         ..Packet::default()
+    }
+}
+
+/// A packet of the adapter's own interface with just a body.
+fn raw_packet(text: impl Into<String>) -> wrpc_broker::bindings::direct::Packet {
+    wrpc_broker::bindings::direct::Packet {
+        body: text.into().into_bytes(),
+        headers: Vec::new(),
+        correlation_id: None,
+        reply_to: None,
     }
 }
 
@@ -428,6 +440,58 @@ async fn a_stopped_listener_gets_nothing_more(f: Factory) -> anyhow::Result<()> 
         other => bail!("a send once the only listener stopped: expected 503, got {other:?}"),
     }
     silence(&mut staying_rx, "the second stopped listener").await
+}
+
+async fn an_adapter_listener_hands_over_what_reached_it_before_its_stop(
+    f: Factory,
+) -> anyhow::Result<()> {
+    // The adapter itself (no host machinery): packets sent while nobody reads the listener's
+    // stream wait in the adapter and in the broker's subscription; `stop` must take the
+    // listener off the broker and still hand every one of them over, in order, before the
+    // stream ends. This is what keeps a hot swap from losing a request that reached only the
+    // old adapter.
+    const PACKETS: usize = 200;
+    let broker = f.instance().await?;
+    let adapter = broker.adapter();
+    let address = unique("handover");
+    let (id, mut packets) = adapter.direct_listen(address.clone(), None).await?;
+    for n in 0..PACKETS {
+        adapter
+            .direct_send(address.clone(), raw_packet(n.to_string()), 5_000)
+            .await
+            .with_context(|| format!("send {n}"))?;
+    }
+    let read_to_end = async {
+        let mut got = Vec::new();
+        while let Some(batch) = packets.recv().await {
+            got.extend(
+                batch
+                    .into_iter()
+                    .map(|p| String::from_utf8_lossy(&p.body).into_owned()),
+            );
+        }
+        got
+    };
+    let (stopped, got) = tokio::join!(
+        adapter.direct_stop(id),
+        tokio::time::timeout(ARRIVAL, read_to_end)
+    );
+    stopped.context("stopping the listener")?;
+    let got = got.context("the stopped listener's stream did not end")?;
+    let expected: Vec<String> = (0..PACKETS).map(|n| n.to_string()).collect();
+    ensure_eq!(
+        got.len(),
+        PACKETS,
+        "packets handed over by the stopped listener"
+    );
+    ensure_eq!(got, expected, "the packets handed over, in order");
+    match adapter
+        .direct_send(address, raw_packet("late"), 1_000)
+        .await
+    {
+        Err(Error::Unavailable(_)) => Ok(()),
+        other => bail!("a send once the only listener stopped: expected 503, got {other:?}"),
+    }
 }
 
 async fn a_live_listener_is_healthy(f: Factory) -> anyhow::Result<()> {

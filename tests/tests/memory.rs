@@ -128,4 +128,5 @@ mutants!(
     the_suite_catches_an_ignored_group => "ignore-group",
     the_suite_catches_a_lost_retry => "lose-retry",
     the_suite_catches_a_second_settlement_winning => "second-settlement-wins",
+    the_suite_catches_a_stop_that_drops_what_reached_the_listener => "drop-on-stop",
 );

@@ -1,6 +1,7 @@
 //! `wrpc:broker/direct` on the store's inboxes: an address is a store inbox name, used verbatim
 //! (`inbox()` mints `{prefix}.inbox.{id}`), a listener is a store listener with the same group,
-//! and its packets are pumped into the listener's stream until `stop`.
+//! and its packets are pumped into the listener's stream until `stop` (which leaves the address
+//! first and hands over what was sent before).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -11,14 +12,16 @@ use crate::wrpc::memory::store;
 use crate::{Component, DEFAULT_PREFIX, config, pump, store_error};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
+use wrpc_broker_guest::relay;
 use wrpc_broker_guest::signal::Latch;
 
 /// A live listener: its stop signal and whether its pump has ended.
 #[derive(Default)]
 struct Listener {
-    /// Set by `stop`: the pump ends at once.
+    /// Set by `stop`: the listener leaves its address, the pump hands over the rest and ends.
     stop: Latch,
-    /// Set when the pump has ended (stopped, or the store or the host dropped a stream).
+    /// Set when the pump has ended (stopped and drained, or the store or the host dropped a
+    /// stream).
     ended: Latch,
 }
 
@@ -85,13 +88,27 @@ impl Guest for Component {
         }
         #[cfg(feature = "mutant-ignore-group")]
         let group: Option<String> = group.and(None);
-        let from = store::inbox_listen(address, group).await;
+        let (subscription, from) = store::inbox_listen(address, group).await;
         let id = NEXT_ID.replace(NEXT_ID.get() + 1);
         let listener = Rc::new(Listener::default());
         LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
         let (tx, rx) = crate::wit_stream::new::<Packet>();
+        #[cfg(feature = "mutant-drop-on-stop")]
         wit_bindgen::spawn_local(async move {
             pump(from, tx, deliver, listener.stop.wait()).await;
+            store::inbox_unlisten(subscription).await;
+            listener.ended.set();
+        });
+        #[cfg(not(feature = "mutant-drop-on-stop"))]
+        wit_bindgen::spawn_local(async move {
+            // Stopped: off the address first (a send after `stop` finds nobody), then what was
+            // sent before is handed over.
+            relay::until_stopped(
+                pump(from, tx, deliver, std::future::pending()),
+                &listener.stop,
+                || store::inbox_unlisten(subscription),
+            )
+            .await;
             listener.ended.set();
         });
         Ok((id, rx))

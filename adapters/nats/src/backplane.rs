@@ -23,7 +23,7 @@ impl Guest for Component {
 
     async fn subscribe(channel: String) -> Result<StreamReader<Vec<u8>>, Error> {
         let subject = config()?.subject("bp", &channel)?;
-        let from = client::subscribe(subject, None).await.map_err(nats_error)?;
+        let (_, from) = client::subscribe(subject, None).await.map_err(nats_error)?;
         let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
         let payloads = |batch: Vec<Message>| {
             batch

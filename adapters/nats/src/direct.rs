@@ -23,6 +23,7 @@ use crate::codec;
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::nats::client::{self, Message};
 use crate::{Component, DEFAULT_PREFIX, config, nats_error, pump};
+use wrpc_broker_guest::relay;
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, host};
 
@@ -32,9 +33,9 @@ const DEFAULT_SEND_MS: u32 = 5_000;
 /// A live listener: its stop signal and whether its pump has ended.
 #[derive(Default)]
 struct Listener {
-    /// Set by `stop`: the pump ends at once.
+    /// Set by `stop`: the subscription is drained, the pump hands over the rest and ends.
     stop: Latch,
-    /// Set when the pump has ended (stopped, or a stream was dropped).
+    /// Set when the pump has ended (stopped and drained, or a stream was dropped).
     ended: Latch,
 }
 
@@ -88,7 +89,7 @@ async fn mux() -> Result<Rc<Mux>, Error> {
             });
             MUX.set(Some(mux.clone()));
             match client::subscribe(format!("{}.>", mux.base), None).await {
-                Ok(answers) => {
+                Ok((_, answers)) => {
                     mux.ready.set();
                     wit_bindgen::spawn_local(route(mux.clone(), answers));
                 }
@@ -251,7 +252,7 @@ impl Guest for Component {
             Some(g) => Some(config.enc("group", &g)?),
             None => None,
         };
-        let from = client::subscribe(subject, group)
+        let (subscription, from) = client::subscribe(subject, group)
             .await
             .map_err(nats_error)?;
         let id = NEXT_ID.replace(NEXT_ID.get() + 1);
@@ -259,7 +260,14 @@ impl Guest for Component {
         LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         wit_bindgen::spawn_local(async move {
-            pump(from, tx, deliver, listener.stop.wait()).await;
+            // Stopped: the server stops routing to us first (confirmed: a send after `stop`
+            // sees nobody), then what it routed before is handed over.
+            relay::until_stopped(
+                pump(from, tx, deliver, std::future::pending()),
+                &listener.stop,
+                || client::unsubscribe(subscription),
+            )
+            .await;
             listener.ended.set();
         });
         Ok((id, rx))
@@ -276,8 +284,5 @@ impl Guest for Component {
         l.stop.set();
         l.ended.wait().await;
         LISTENERS.with_borrow_mut(|m| m.remove(&listener));
-        // The subscription was dropped with the pump: make sure the UNSUB reached the server
-        // before the caller goes on (a send after a stop must see nobody listening).
-        let _ = client::flush().await;
     }
 }

@@ -312,7 +312,7 @@ impl Guest for Component {
         let state = state(&config, &topic).await?;
         let start = start_seq(&state, &origin)?;
         let deliver = client::new_inbox();
-        let deliveries = client::subscribe(deliver.clone(), None)
+        let (_, deliveries) = client::subscribe(deliver.clone(), None)
             .await
             .map_err(crate::nats_error)?;
         let consumer = push_consumer(&state.stream, &deliver, start)

@@ -578,7 +578,7 @@ impl Guest for Component {
         ensure_stream(&config, &queue).await?;
         create_durable(&config, &queue, &stream).await?;
         let inbox = client::new_inbox();
-        let pulls = client::subscribe(format!("{inbox}.*"), None)
+        let (_, pulls) = client::subscribe(format!("{inbox}.*"), None)
             .await
             .map_err(crate::nats_error)?;
         let consumer = Rc::new(Consumer {

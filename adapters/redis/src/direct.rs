@@ -4,7 +4,12 @@
 //!   reaches every one of them;
 //! - for each group `g`, the list `{P}:dxq:<enc(a)>:<g>` its members pop with `BLPOP` (one pop
 //!   per packet: they compete), the presence channel `{P}:dxp:<enc(a)>:<g>` every member stays
-//!   subscribed to while it listens, and `g` in the set `{P}:dxg:<a>`.
+//!   subscribed to while it listens, and `g` in the set `{P}:dxg:<a>`. Each member's `BLPOP`
+//!   also waits on a wake-up list of its own, `{P}:dxw:<id>`, which its stop pushes to.
+//!
+//! A stop loses nothing that reached the listener: an ungrouped one unsubscribes (confirmed),
+//! then relays what the subscription still holds; a grouped one wakes its pop and hands over
+//! the packet it may have taken (the rest stays in the list for the other members).
 //!
 //! `send` is one Lua script: for each registered group with a live member (`PUBSUB NUMSUB` of
 //! its presence channel) `RPUSH` the packet and `PEXPIRE` the list by the send's timeout (a
@@ -21,10 +26,11 @@ use std::rc::Rc;
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::redis::client;
 use crate::{
-    Component, DEFAULT_PREFIX, Reply, args, blocking, config, eval, get, put, redis_error,
+    Component, DEFAULT_PREFIX, Reply, args, blocking, config, eval, get, pipeline, put, redis_error,
 };
 use futures::future::{Either, select};
 use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
+use wrpc_broker_guest::relay;
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, host};
 
@@ -48,6 +54,8 @@ return n + redis.call('PUBLISH', KEYS[2], ARGV[3])
 
 /// How long one `BLPOP` of a grouped listener blocks, in seconds.
 const POP_BLOCK_S: &str = "1";
+/// How long a stopped listener's wake-up list lives if its `DEL` never comes (ms).
+const WAKE_TTL_MS: &str = "10000";
 /// The send timeout used when the caller gives none.
 const DEFAULT_TIMEOUT_MS: u32 = 30_000;
 
@@ -120,14 +128,10 @@ fn enc(address: &str) -> Result<String, Error> {
     wrpc_broker_guest::ids::encode_token(address, "!-$&-9;-~", '%', 1024)
 }
 
-/// Relay an ungrouped subscription's blobs as packets until either end or `stop`.
-async fn relay(from: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>, stop: Latch) {
+/// Relay an ungrouped subscription's blobs as packets until either end.
+async fn relay(from: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>) {
     loop {
-        let read = pin!(from.read(Vec::with_capacity(64)));
-        let (result, blobs) = match select(read, pin!(stop.wait())).await {
-            Either::Left((read, _)) => read,
-            Either::Right(_) => return,
-        };
+        let (result, blobs) = from.read(Vec::with_capacity(64)).await;
         let packets: Vec<Packet> = blobs.iter().filter_map(|b| decode(b)).collect();
         if !packets.is_empty() && !to.write_all(packets).await.is_empty() {
             return;
@@ -139,42 +143,53 @@ async fn relay(from: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>, s
 }
 
 /// Pop a group's list until `stop`, the host drops the stream, or the presence subscription
-/// (which keeps the group registered) ends.
+/// (which keeps the group registered) ends. A stop never cancels a `BLPOP` in flight (the server
+/// may already have popped a packet for it): it pushes to `wake`, a list of this listener's own
+/// that the `BLPOP` also waits on, so the pop returns at once, with a packet if one came first,
+/// and that packet is handed over.
 async fn pop(
     list: Vec<u8>,
+    wake: Vec<u8>,
     presence: &mut StreamReader<Vec<u8>>,
     mut to: StreamWriter<Packet>,
     stop: Latch,
 ) {
-    loop {
-        let call = args!["BLPOP", &list, POP_BLOCK_S];
+    while !stop.is_set() {
+        let call = args!["BLPOP", &list, &wake, POP_BLOCK_S];
         // The presence channel carries no payloads: its read only ends when the connection is.
         let watch = pin!(presence.read(Vec::with_capacity(1)));
-        let stopped = pin!(stop.wait());
-        let ended = select(stopped, watch);
-        let popped = match select(pin!(blocking(call)), ended).await {
+        let waker = pin!(async {
+            stop.wait().await;
+            let wake_up = args!["RPUSH", &wake, "stop"];
+            if let Err(e) = pipeline(vec![wake_up, args!["PEXPIRE", &wake, WAKE_TTL_MS]]).await {
+                wrpc_broker_guest::warn!("direct: waking a stopped listener's pop: {e:?}");
+            }
+            std::future::pending::<()>().await
+        });
+        let popped = match select(pin!(blocking(call)), select(waker, watch)).await {
             Either::Left((popped, _)) => popped,
-            // Stopped (the pop in flight is cancelled: at most once, a packet it took is lost),
-            // or the presence connection was lost.
-            Either::Right(_) => return,
+            // The presence connection was lost.
+            Either::Right(_) => break,
         };
         match popped {
-            Ok(Reply::Array(parts)) => {
+            Ok(Reply::Array(parts)) if parts.first().and_then(Reply::bytes) == Some(&list[..]) => {
                 if let Some(packet) = parts.get(1).and_then(Reply::bytes).and_then(decode)
                     && !to.write_all(vec![packet]).await.is_empty()
                 {
-                    stop.set();
-                    return;
+                    break;
                 }
             }
+            // The wake-up, or the block ran out.
             Ok(_) => {}
-            Err(e) if crate::is_connection_lost(&e) => return,
+            Err(e) if crate::is_connection_lost(&e) => break,
             Err(e) => {
                 wrpc_broker_guest::warn!("direct: BLPOP failed: {e:?}");
                 host::sleep(100).await;
             }
         }
     }
+    stop.set();
+    let _ = crate::cmd(args!["DEL", &wake]).await;
 }
 
 impl Guest for Component {
@@ -219,9 +234,12 @@ impl Guest for Component {
                     client::subscribe(channel).await.map_err(redis_error)?;
                 let l = listener.clone();
                 wit_bindgen::spawn_local(async move {
-                    relay(&mut from, tx, l.stop.clone()).await;
-                    // Confirmed before `stop` returns: a send after it no longer counts us.
-                    client::unsubscribe(subscription).await;
+                    // Confirmed before `stop` returns: a send after it no longer counts us;
+                    // what was published before is handed over first.
+                    relay::until_stopped(relay(&mut from, tx), &l.stop, || {
+                        client::unsubscribe(subscription)
+                    })
+                    .await;
                     l.ended.set();
                 });
             }
@@ -232,6 +250,8 @@ impl Guest for Component {
                 let token = enc(&address)?;
                 let presence = format!("{{{}}}:dxp:{token}:{group}", config.prefix);
                 let list = format!("{{{}}}:dxq:{token}:{group}", config.prefix).into_bytes();
+                let wake =
+                    format!("{{{}}}:dxw:{}", config.prefix, host::generate_id()).into_bytes();
                 // Present first, then registered: a sender never drops a group that has a member.
                 let (subscription, mut presence) = client::subscribe(presence.into_bytes())
                     .await
@@ -244,7 +264,7 @@ impl Guest for Component {
                 }
                 let l = listener.clone();
                 wit_bindgen::spawn_local(async move {
-                    pop(list, &mut presence, tx, l.stop.clone()).await;
+                    pop(list, wake, &mut presence, tx, l.stop.clone()).await;
                     client::unsubscribe(subscription).await;
                     l.ended.set();
                 });

@@ -269,10 +269,17 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         accessor: &Accessor<T, Self>,
         address: String,
         group: Option<String>,
-    ) -> wasmtime::Result<StreamReader<wit::Packet>> {
+    ) -> wasmtime::Result<(u64, StreamReader<wit::Packet>)> {
         let listener = memory_of(accessor)?.inbox_listen(&address, group);
+        let id = listener.id();
         accessor.with(|mut access| {
             StreamReader::new(&mut access, BatchProducer::new(listener, packet_out))
+                .map(|stream| (id, stream))
         })
+    }
+
+    async fn inbox_unlisten(accessor: &Accessor<T, Self>, listener: u64) -> wasmtime::Result<()> {
+        memory_of(accessor)?.inbox_unlisten(listener);
+        Ok(())
     }
 }

@@ -329,6 +329,22 @@ struct Inboxes {
 }
 
 impl Inboxes {
+    /// Take listener `id` off whatever address it listens on.
+    fn remove_anywhere(&mut self, id: u64) {
+        let found = self.addresses.iter().find_map(|(address, addr)| {
+            if addr.ungrouped.iter().any(|s| s.id == id) {
+                return Some((address.clone(), None));
+            }
+            addr.groups
+                .iter()
+                .find(|(_, g)| g.members.iter().any(|s| s.id == id))
+                .map(|(name, _)| (address.clone(), Some(name.clone())))
+        });
+        if let Some((address, group)) = found {
+            self.remove(&address, group.as_deref(), id);
+        }
+    }
+
     fn remove(&mut self, address: &str, group: Option<&str>, id: u64) {
         let Some(addr) = self.addresses.get_mut(address) else {
             return;
@@ -811,6 +827,13 @@ impl MemoryStore {
         }
     }
 
+    /// Takes listener `id` (from [`InboxListener::id`]) off its address: later sends no longer
+    /// reach it, and its stream ends once it has yielded what was sent before (sends already
+    /// under way included). Unknown ids are ignored.
+    pub fn inbox_unlisten(&self, id: u64) {
+        lock(&self.inboxes).remove_anywhere(id);
+    }
+
     // ---------------------------------------------------------------------------- faults
 
     /// Injects a fault (replacing a pending one of the same kind on the same target).
@@ -1060,7 +1083,13 @@ pub struct InboxListener {
 }
 
 impl InboxListener {
-    /// Polls for the next batch of at most `max` packets (≥ 1); `None` once the store is gone. Cancel-safe.
+    /// Its id, for [`MemoryStore::inbox_unlisten`].
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Polls for the next batch of at most `max` packets (≥ 1); `None` once the store is gone
+    /// or the listener was taken off its address and has yielded the rest. Cancel-safe.
     pub fn poll_next_batch(
         &mut self,
         cx: &mut Context<'_>,
@@ -1074,7 +1103,8 @@ impl InboxListener {
         }
     }
 
-    /// The next batch of at most `max` packets; `None` once the store is gone. Cancel-safe.
+    /// The next batch of at most `max` packets; `None` once [`Self::poll_next_batch`] says so.
+    /// Cancel-safe.
     pub async fn next_batch(&mut self, max: usize) -> Option<Vec<Packet>> {
         std::future::poll_fn(|cx| self.poll_next_batch(cx, max)).await
     }
@@ -1905,6 +1935,28 @@ mod tests {
             err,
             StoreError::Unavailable("nobody listens on inbox.1".into())
         );
+    }
+
+    #[tokio::test]
+    async fn unlisten_ends_the_stream_after_what_was_sent_before() {
+        let s = MemoryStore::new();
+        let mut l = s.inbox_listen("a", None);
+        let mut g = s.inbox_listen("a", Some("g".into()));
+        for i in 0..3 {
+            s.inbox_send("a", pkt(&i.to_string()), 100).await.unwrap();
+        }
+        s.inbox_unlisten(l.id());
+        s.inbox_unlisten(g.id());
+        let err = s.inbox_send("a", pkt("late"), 100).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        for listener in [&mut l, &mut g] {
+            let mut got = Vec::new();
+            while let Some(batch) = listener.next_batch(16).await {
+                got.extend(batch.into_iter().map(|p| p.body));
+            }
+            assert_eq!(got, [b"0".to_vec(), b"1".to_vec(), b"2".to_vec()]);
+        }
+        s.inbox_unlisten(12345);
     }
 
     #[tokio::test]

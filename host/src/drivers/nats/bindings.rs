@@ -1,17 +1,15 @@
 //! `wrpc:nats/client` for components: each import is a thin call on the driver's
 //! `async_nats::Client`; a subscription becomes a guest-read stream fed in batches.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_nats::{HeaderMap, HeaderName, HeaderValue, Subscriber};
-use futures::{Stream, StreamExt};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use futures::StreamExt;
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::{NatsDriver, faults};
 use crate::runtime::sandbox::Ctx;
-use crate::runtime::streams::{BatchProducer, PollBatch};
+use crate::runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-nats; world driver { import wrpc:nats/client@0.1.0; }",
@@ -98,28 +96,6 @@ fn check_faults(subject: &str) -> Result<(), wit::NatsError> {
     Ok(())
 }
 
-/// A subscription as a batch source for a guest-read stream.
-struct Subscription(Subscriber);
-
-impl PollBatch for Subscription {
-    type Item = async_nats::Message;
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>> {
-        let mut batch = Vec::new();
-        while batch.len() < max {
-            match Pin::new(&mut self.0).poll_next(cx) {
-                Poll::Ready(Some(m)) => batch.push(m),
-                Poll::Ready(None) if batch.is_empty() => return Poll::Ready(None),
-                Poll::Ready(None) | Poll::Pending => break,
-            }
-        }
-        if batch.is_empty() {
-            Poll::Pending
-        } else {
-            Poll::Ready(Some(batch))
-        }
-    }
-}
-
 /// Wait until the server has processed everything this connection sent before, bounded by
 /// [`FLUSH_TIMEOUT`]. `async_nats::Client::flush` only flushes the socket, so this is a round
 /// trip of its own: a message to a fresh inbox this connection subscribes to comes back only
@@ -202,7 +178,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         accessor: &Accessor<T, Self>,
         subject: String,
         queue_group: Option<String>,
-    ) -> wasmtime::Result<Result<StreamReader<wit::Message>, wit::NatsError>> {
+    ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
         let driver = nats_of(accessor)?;
         let client = &driver.client;
         let subscribed = match queue_group {
@@ -228,13 +204,22 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         if let Err(e) = flushed {
             return Ok(Err(e));
         }
+        let (id, subscription) = driver.subscriptions.add(subscriber);
         let stream = accessor.with(|mut access| {
-            StreamReader::new(
-                &mut access,
-                BatchProducer::new(Subscription(subscriber), message),
-            )
+            StreamReader::new(&mut access, BatchProducer::new(subscription, message))
         })?;
-        Ok(Ok(stream))
+        Ok(Ok((id, stream)))
+    }
+
+    async fn unsubscribe(accessor: &Accessor<T, Self>, subscription: u64) -> wasmtime::Result<()> {
+        let driver = nats_of(accessor)?;
+        if driver.subscriptions.drain(subscription).await
+            && let Err(e) = flush(&driver.client).await
+        {
+            tracing::debug!(subscription, "nats: unsubscribe: {e:?}");
+        }
+        progress(accessor);
+        Ok(())
     }
 
     async fn request(

@@ -7,7 +7,9 @@
 
 mod bindings;
 mod faults;
+mod subscription;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use bindings::add_to_linker;
@@ -26,6 +28,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct NatsDriver {
     client: async_nats::Client,
+    /// The subscriptions components hold on this connection.
+    subscriptions: Arc<subscription::Subscriptions>,
 }
 
 impl NatsDriver {
@@ -43,7 +47,10 @@ impl NatsDriver {
             .map_err(|e| {
                 crate::Error::Unavailable(format!("cannot connect to NATS at {url}: {e}"))
             })?;
-        Ok(NatsDriver { client })
+        Ok(NatsDriver {
+            client,
+            subscriptions: Arc::default(),
+        })
     }
 
     /// The native client (the bench compares against it).

@@ -138,14 +138,14 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         channel: Vec<u8>,
     ) -> wasmtime::Result<Result<(u64, StreamReader<Vec<u8>>), wit::RedisError>> {
         let redis = redis_of(accessor)?;
-        let (id, stream) = match redis.conns.subscribe(&channel).await {
+        let (id, stream, unsubscribed) = match redis.conns.subscribe(&channel).await {
             Ok(subscribed) => subscribed,
             Err(e) => {
                 progress(accessor);
                 return Ok(Err(error(e)));
             }
         };
-        let subscription = Subscription::new(id, stream, redis.conns.clone());
+        let subscription = Subscription::new(id, stream, unsubscribed, redis.conns.clone());
         accessor.with(|mut access| {
             access.get().progress();
             StreamReader::new(&mut access, BatchProducer::new(subscription, |p| p))

@@ -2,14 +2,15 @@
 //! and pipeline goes through (re-established after a loss, counted by a generation), a pool of
 //! dedicated connections for blocking commands, and the fault injector tests use.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 
 use super::RedisConfig;
+use super::pubsub::Unsubscribed;
 
 /// How long making a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -17,6 +18,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle dedicated connections kept for blocking commands.
 const POOL_MAX: usize = 16;
+
+/// A live subscription as [`Connections`] keeps it.
+pub(crate) struct LiveSubscription {
+    channel: Vec<u8>,
+    sink: redis::aio::PubSubSink,
+    unsubscribed: Arc<Unsubscribed>,
+}
 
 /// Why a call failed, before it becomes the WIT `redis-error`.
 #[derive(Debug, Clone)]
@@ -54,8 +62,9 @@ pub(crate) struct Connections {
     generation: AtomicU64,
     /// Idle dedicated connections for blocking commands.
     pool: Mutex<Vec<MultiplexedConnection>>,
-    /// Live subscriptions: their channel and the sink to unsubscribe with.
-    subscriptions: Mutex<std::collections::HashMap<u64, (Vec<u8>, redis::aio::PubSubSink)>>,
+    /// Live subscriptions: their channel, the sink to unsubscribe with, and the flag that ends
+    /// the stream once the unsubscribe is confirmed.
+    subscriptions: Mutex<std::collections::HashMap<u64, LiveSubscription>>,
     next_subscription: AtomicU64,
     /// Commands to refuse (tests); shared by every driver of one URL in this process.
     pub(crate) faults: std::sync::Arc<Faults>,
@@ -207,12 +216,12 @@ impl Connections {
         }
     }
 
-    /// A dedicated pub/sub connection subscribed to `channel` (confirmed by the server), and
-    /// the id to unsubscribe it with.
+    /// A dedicated pub/sub connection subscribed to `channel` (confirmed by the server), the id
+    /// to unsubscribe it with, and the flag [`Connections::unsubscribe`] raises.
     pub(crate) async fn subscribe(
         &self,
         channel: &[u8],
-    ) -> Result<(u64, redis::aio::PubSubStream), CallError> {
+    ) -> Result<(u64, redis::aio::PubSubStream, Arc<Unsubscribed>), CallError> {
         self.faults
             .check(&[b"SUBSCRIBE".to_vec(), channel.to_vec()])?;
         let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, self.client.get_async_pubsub())
@@ -225,25 +234,43 @@ impl Connections {
             .map_err(|_| CallError::ConnectionLost("SUBSCRIBE was not confirmed in time".into()))?
             .map_err(|e| classify(&e))?;
         let id = self.next_subscription.fetch_add(1, Ordering::SeqCst);
+        let unsubscribed = Arc::new(Unsubscribed::default());
         self.subscriptions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, (channel.to_vec(), sink));
-        Ok((id, stream))
+            .insert(
+                id,
+                LiveSubscription {
+                    channel: channel.to_vec(),
+                    sink,
+                    unsubscribed: unsubscribed.clone(),
+                },
+            );
+        Ok((id, stream, unsubscribed))
     }
 
-    /// Unsubscribe `id` and wait for the server's confirmation (bounded); then its connection
-    /// closes with the stream.
+    /// Unsubscribe `id` and wait for the server's confirmation (bounded); then its stream ends
+    /// once it has yielded the messages that arrived before (they are buffered by then: one
+    /// connection answers in order), and its connection closes with the stream.
     pub(crate) async fn unsubscribe(&self, id: u64) {
-        let entry = self.forget(id);
-        if let Some((channel, mut sink)) = entry {
-            let _ =
-                tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(channel.as_slice())).await;
+        if let Some(mut live) = self.forget(id) {
+            let confirmed = tokio::time::timeout(
+                RESPONSE_TIMEOUT,
+                live.sink.unsubscribe(live.channel.as_slice()),
+            )
+            .await;
+            if !matches!(confirmed, Ok(Ok(()))) {
+                tracing::warn!(
+                    subscription = id,
+                    "redis: UNSUBSCRIBE was not confirmed: {confirmed:?}"
+                );
+            }
+            live.unsubscribed.raise();
         }
     }
 
     /// Drop the record of subscription `id` (its stream is gone).
-    pub(crate) fn forget(&self, id: u64) -> Option<(Vec<u8>, redis::aio::PubSubSink)> {
+    pub(crate) fn forget(&self, id: u64) -> Option<LiveSubscription> {
         self.subscriptions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
