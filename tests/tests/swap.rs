@@ -1,14 +1,17 @@
-//! Hot-swap and recovery on the memory broker: the adapter is replaced 20 times while producers
+//! Hot-swap and recovery: the adapter is replaced 20 times while producers
 //! and consumers run 10 000 queue messages and a log reader follows a feed; the same with a
 //! component that traps on every 500th call. Every message is handled at least once, the reader
-//! sees every entry in order with no gap, and no API call fails.
+//! sees every entry in order with no gap, and no API call fails; a service answers requests
+//! throughout. The same on Redis and NATS. And a service answers every request from concurrent
+//! requesters while the adapter is swapped 100 times back to back, on each broker.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use wrpc_broker::{
-    AppendOptions, Broker, BrokerBuilder, ConsumeOptions, MemoryStore, ProduceOptions, ReadFrom,
+    AppendOptions, Broker, BrokerBuilder, ConsumeOptions, Direct, Incoming, Listener, MemoryStore,
+    ProduceOptions, ReadFrom,
 };
 use wrpc_broker_contract::{components, workload};
 
@@ -41,19 +44,45 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_redis() {
-    // Requests are left out on the servers: a request published while a listener moves can be
-    // dropped inside the old adapter's stop (about 1 in 15 000 during back-to-back swaps; direct
-    // is at most once); see the closing note of the hot-swap issue.
     let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    let generation = workload(builder, wasm, options, false).await.unwrap();
+    let generation = workload(builder, wasm, options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    let generation = workload(builder, wasm, options, false).await.unwrap();
+    let generation = workload(builder, wasm, options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
+}
+
+/// A service on `address` answering each request with its body, and how many it handled.
+async fn echo_service(
+    direct: &Direct,
+    address: &str,
+) -> anyhow::Result<(Listener, Arc<std::sync::atomic::AtomicU64>)> {
+    let handled = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = handled.clone();
+    let answer = move |incoming: Incoming| {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async move { Ok(incoming.reply(incoming.packet.body.clone()).await?) }
+    };
+    let listener = direct.listen(address, answer, Default::default()).await?;
+    Ok((listener, handled))
+}
+
+/// Direct is at most once: the service handled each answered request once, none twice (both
+/// adapter listeners get what is sent while a move overlaps them).
+fn ensure_handled_once(
+    handled: &std::sync::atomic::AtomicU64,
+    answered: u64,
+) -> anyhow::Result<()> {
+    let handled = handled.load(std::sync::atomic::Ordering::Relaxed);
+    ensure!(
+        handled == answered,
+        "the service handled {handled} requests for {answered} answered: some twice"
+    );
+    Ok(())
 }
 
 /// A flag the swapper raises when it is done.
@@ -109,13 +138,7 @@ async fn workload(
     // A service answering requests throughout: no request may fail because of a swap.
     let direct = broker.direct()?;
     let service = format!("{name}.service");
-    let listener = direct
-        .listen(
-            &service,
-            |incoming| async move { Ok(incoming.reply(incoming.packet.body.clone()).await?) },
-            Default::default(),
-        )
-        .await?;
+    let (listener, requests_handled) = echo_service(&direct, &service).await?;
     let requester = {
         let (direct, service, done) = (direct.clone(), service.clone(), swaps_done.clone());
         tokio::spawn(async move {
@@ -186,6 +209,7 @@ async fn workload(
     let answered = requester.await??;
     ensure!(answered > 0 || !with_requests, "no request was answered");
     listener.stop().await;
+    ensure_handled_once(&requests_handled, answered)?;
     let entries = appender.await??;
     let _ = total_tx.send(Some(entries));
     producer.await??;
@@ -298,4 +322,96 @@ async fn a_watched_file_replaced_by_rename_is_swapped_in_and_a_bad_one_refused()
         .await
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Swaps back to back in [`requests_across_swaps`].
+const REQUEST_SWAPS: usize = 100;
+/// Requesters sending back to back in [`requests_across_swaps`].
+const REQUESTERS: usize = 4;
+
+/// A service answers [`REQUESTERS`] requesters sending back to back while the adapter is swapped
+/// [`REQUEST_SWAPS`] times with no pause between swaps: every request is answered (a request
+/// that reached only the old adapter's listener is handed over by its stop) and handled once
+/// (one that reached both is not handled twice). Returns how many were answered.
+async fn requests_across_swaps(
+    builder: BrokerBuilder,
+    swap_to: Vec<u8>,
+    options: Vec<(String, String)>,
+) -> anyhow::Result<u64> {
+    let broker = builder.open().await?;
+    let direct = broker.direct()?;
+    let service = format!("swap-service-{}", uuid::Uuid::new_v4().simple());
+    let (listener, handled) = echo_service(&direct, &service).await?;
+    let done = new_flag();
+    let requesters: Vec<_> = (0..REQUESTERS)
+        .map(|who| {
+            let (direct, service, done) = (direct.clone(), service.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut answered = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!("{who}:{answered}").into_bytes();
+                    let reply = direct
+                        .request(&service, body.clone(), Duration::from_secs(5))
+                        .await
+                        .with_context(|| format!("requester {who}, request {answered}"))?;
+                    ensure!(reply.body == body, "a reply with another body");
+                    answered += 1;
+                }
+                anyhow::Ok(answered)
+            })
+        })
+        .collect();
+    // Let the requests get going before the first swap.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let swapped = async {
+        let mut took = Vec::new();
+        for i in 0..REQUEST_SWAPS {
+            let report = broker
+                .swap_bytes("the next adapter version", &swap_to, options.clone())
+                .await
+                .with_context(|| format!("swap {i}"))?;
+            took.push(report.total);
+        }
+        took.sort();
+        anyhow::Ok(took)
+    }
+    .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut answered = 0;
+    for requester in requesters {
+        answered += requester.await??;
+    }
+    let took = swapped?;
+    listener.stop().await;
+    ensure_handled_once(&handled, answered)?;
+    println!(
+        "{answered} requests answered across {REQUEST_SWAPS} back-to-back swaps; swap took p50 {:?}, max {:?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    ensure!(answered > 0, "no request was answered");
+    Ok(answered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_across_back_to_back_swaps_are_all_answered() {
+    requests_across_swaps(
+        on_memory(components::MEMORY),
+        std::fs::read(components::MEMORY).unwrap(),
+        vec![],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_across_back_to_back_swaps_are_all_answered_on_redis() {
+    let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
+    requests_across_swaps(builder, wasm, options).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_across_back_to_back_swaps_are_all_answered_on_nats() {
+    let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
+    requests_across_swaps(builder, wasm, options).await.unwrap();
 }
