@@ -1,9 +1,15 @@
-//! Stopping a listener without losing what already reached it: [`until_stopped`] drives the
+//! Listeners that stop without losing what already reached them. [`until_stopped`] drives the
 //! pump from a broker subscription into a listener's stream and, on stop, takes the
-//! subscription off the broker first and lets the pump hand over the rest.
+//! subscription off the broker first and lets the pump hand over the rest. The listener
+//! registry ([`spawn_listener`], [`listener_healthy`], [`stop_listener`],
+//! [`stop_all_listeners`]) is what an adapter's `direct` export needs around that: ids, a stop
+//! signal per listener, and a stop that waits until the listener's task has ended.
 
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
+use std::rc::Rc;
 use std::task::Poll;
 
 use crate::signal::Latch;
@@ -34,5 +40,57 @@ pub async fn until_stopped<L: Future<Output = ()>>(
     leave().await;
     if stop_first {
         relay.await;
+    }
+}
+
+/// A live listener: the latch its stop sets, and the one its task sets when it has ended.
+#[derive(Default)]
+struct Listener {
+    stop: Latch,
+    ended: Latch,
+}
+
+thread_local! {
+    /// The live listeners of this component instance, by id.
+    static LISTENERS: RefCell<BTreeMap<u64, Rc<Listener>>> = const { RefCell::new(BTreeMap::new()) };
+    /// The next listener id.
+    static NEXT_ID: Cell<u64> = const { Cell::new(1) };
+}
+
+/// Register a listener and spawn its task, `run(stop)`, where `stop` is the latch
+/// [`stop_listener`] sets; the task should then leave the broker, hand over what it holds and
+/// end. Returns the listener's id.
+pub fn spawn_listener<F: Future<Output = ()> + 'static>(run: impl FnOnce(Latch) -> F) -> u64 {
+    let id = NEXT_ID.replace(NEXT_ID.get() + 1);
+    let listener = Rc::new(Listener::default());
+    LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
+    let task = run(listener.stop.clone());
+    wit_bindgen::spawn_local(async move {
+        task.await;
+        listener.ended.set();
+    });
+    id
+}
+
+/// `direct.healthy`: whether listener `id`'s task still runs; `None` for an unknown id.
+pub fn listener_healthy(id: u64) -> Option<bool> {
+    LISTENERS.with_borrow(|m| m.get(&id).map(|l| !l.ended.is_set()))
+}
+
+/// `direct.stop`: stop listener `id` and wait until its task has ended. Unknown ids are ignored.
+pub async fn stop_listener(id: u64) {
+    let Some(listener) = LISTENERS.with_borrow(|m| m.get(&id).cloned()) else {
+        return;
+    };
+    listener.stop.set();
+    listener.ended.wait().await;
+    LISTENERS.with_borrow_mut(|m| m.remove(&id));
+}
+
+/// Stop every live listener (an adapter's `close`).
+pub async fn stop_all_listeners() {
+    let ids: Vec<u64> = LISTENERS.with_borrow(|m| m.keys().copied().collect());
+    for id in ids {
+        stop_listener(id).await;
     }
 }

@@ -3,34 +3,12 @@
 //! and its packets are pumped into the listener's stream until `stop` (which leaves the address
 //! first and hands over what was sent before).
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
-use std::rc::Rc;
-
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::memory::store;
 use crate::{Component, DEFAULT_PREFIX, config, pump, store_error};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
 use wrpc_broker_guest::relay;
-use wrpc_broker_guest::signal::Latch;
-
-/// A live listener: its stop signal and whether its pump has ended.
-#[derive(Default)]
-struct Listener {
-    /// Set by `stop`: the listener leaves its address, the pump hands over the rest and ends.
-    stop: Latch,
-    /// Set when the pump has ended (stopped and drained, or the store or the host dropped a
-    /// stream).
-    ended: Latch,
-}
-
-thread_local! {
-    /// Live listeners by id.
-    static LISTENERS: RefCell<BTreeMap<ListenerId, Rc<Listener>>> = const { RefCell::new(BTreeMap::new()) };
-    /// The next listener id.
-    static NEXT_ID: Cell<ListenerId> = const { Cell::new(1) };
-}
 
 /// A broker packet as a store packet.
 fn to_store(p: Packet) -> store::Packet {
@@ -61,10 +39,7 @@ fn deliver(batch: Vec<store::Packet>) -> Vec<Packet> {
 
 /// Stop every live listener (`close`).
 pub(crate) async fn stop_all() {
-    let ids: Vec<ListenerId> = LISTENERS.with_borrow(|m| m.keys().copied().collect());
-    for id in ids {
-        <Component as Guest>::stop(id).await;
-    }
+    relay::stop_all_listeners().await;
 }
 
 impl Guest for Component {
@@ -89,41 +64,27 @@ impl Guest for Component {
         #[cfg(feature = "mutant-ignore-group")]
         let group: Option<String> = group.and(None);
         let (subscription, from) = store::inbox_listen(address, group).await;
-        let id = NEXT_ID.replace(NEXT_ID.get() + 1);
-        let listener = Rc::new(Listener::default());
-        LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         #[cfg(feature = "mutant-drop-on-stop")]
-        wit_bindgen::spawn_local(async move {
-            pump(from, tx, deliver, listener.stop.wait()).await;
+        let id = relay::spawn_listener(move |stop| async move {
+            pump(from, tx, deliver, stop.wait()).await;
             store::inbox_unlisten(subscription).await;
-            listener.ended.set();
         });
+        // Stopped: off the address first (a send after `stop` finds nobody), then what was sent
+        // before is handed over.
         #[cfg(not(feature = "mutant-drop-on-stop"))]
-        wit_bindgen::spawn_local(async move {
-            // Stopped: off the address first (a send after `stop` finds nobody), then what was
-            // sent before is handed over.
-            relay::until_stopped(
-                pump(from, tx, deliver, std::future::pending()),
-                &listener.stop,
-                || store::inbox_unlisten(subscription),
-            )
-            .await;
-            listener.ended.set();
+        let id = relay::spawn_listener(move |stop| async move {
+            let relayed = pump(from, tx, deliver, std::future::pending());
+            relay::until_stopped(relayed, &stop, || store::inbox_unlisten(subscription)).await;
         });
         Ok((id, rx))
     }
 
     fn healthy(listener: ListenerId) -> Option<bool> {
-        LISTENERS.with_borrow(|m| m.get(&listener).map(|l| !l.ended.is_set()))
+        relay::listener_healthy(listener)
     }
 
     async fn stop(listener: ListenerId) {
-        let Some(l) = LISTENERS.with_borrow(|m| m.get(&listener).cloned()) else {
-            return;
-        };
-        l.stop.set();
-        l.ended.wait().await;
-        LISTENERS.with_borrow_mut(|m| m.remove(&listener));
+        relay::stop_listener(listener).await;
     }
 }

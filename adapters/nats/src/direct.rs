@@ -30,15 +30,6 @@ use wrpc_broker_guest::{Error, host};
 /// How long a send waits for its marker when the caller gave no timeout.
 const DEFAULT_SEND_MS: u32 = 5_000;
 
-/// A live listener: its stop signal and whether its pump has ended.
-#[derive(Default)]
-struct Listener {
-    /// Set by `stop`: the subscription is drained, the pump hands over the rest and ends.
-    stop: Latch,
-    /// Set when the pump has ended (stopped and drained, or a stream was dropped).
-    ended: Latch,
-}
-
 /// One send waiting for its marker.
 #[derive(Default)]
 struct Waiter {
@@ -63,10 +54,6 @@ struct Mux {
 }
 
 thread_local! {
-    /// Live listeners by id.
-    static LISTENERS: RefCell<BTreeMap<ListenerId, Rc<Listener>>> = const { RefCell::new(BTreeMap::new()) };
-    /// The next listener id.
-    static NEXT_ID: Cell<ListenerId> = const { Cell::new(1) };
     /// The no-responders mux, made by the first send.
     static MUX: RefCell<Option<Rc<Mux>>> = const { RefCell::new(None) };
     /// The next send number.
@@ -188,10 +175,7 @@ fn deliver(batch: Vec<Message>) -> Vec<Packet> {
 
 /// Stop every live listener (`close`).
 pub(crate) async fn stop_all() {
-    let ids: Vec<ListenerId> = LISTENERS.with_borrow(|m| m.keys().copied().collect());
-    for id in ids {
-        <Component as Guest>::stop(id).await;
-    }
+    relay::stop_all_listeners().await;
 }
 
 impl Guest for Component {
@@ -255,34 +239,21 @@ impl Guest for Component {
         let (subscription, from) = client::subscribe(subject, group)
             .await
             .map_err(nats_error)?;
-        let id = NEXT_ID.replace(NEXT_ID.get() + 1);
-        let listener = Rc::new(Listener::default());
-        LISTENERS.with_borrow_mut(|m| m.insert(id, listener.clone()));
         let (tx, rx) = crate::wit_stream::new::<Packet>();
-        wit_bindgen::spawn_local(async move {
-            // Stopped: the server stops routing to us first (confirmed: a send after `stop`
-            // sees nobody), then what it routed before is handed over.
-            relay::until_stopped(
-                pump(from, tx, deliver, std::future::pending()),
-                &listener.stop,
-                || client::unsubscribe(subscription),
-            )
-            .await;
-            listener.ended.set();
+        // Stopped: the server stops routing to us first (confirmed: a send after `stop` sees
+        // nobody), then what it routed before is handed over.
+        let id = relay::spawn_listener(move |stop| async move {
+            let relayed = pump(from, tx, deliver, std::future::pending());
+            relay::until_stopped(relayed, &stop, || client::unsubscribe(subscription)).await;
         });
         Ok((id, rx))
     }
 
     fn healthy(listener: ListenerId) -> Option<bool> {
-        LISTENERS.with_borrow(|m| m.get(&listener).map(|l| !l.ended.is_set()))
+        relay::listener_healthy(listener)
     }
 
     async fn stop(listener: ListenerId) {
-        let Some(l) = LISTENERS.with_borrow(|m| m.get(&listener).cloned()) else {
-            return;
-        };
-        l.stop.set();
-        l.ended.wait().await;
-        LISTENERS.with_borrow_mut(|m| m.remove(&listener));
+        relay::stop_listener(listener).await;
     }
 }

@@ -18,10 +18,7 @@
 //! length-prefixed blob (body, headers, correlation id, reply-to). Packets from one sender keep
 //! their order: one connection, one list or channel per address.
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::pin::pin;
-use std::rc::Rc;
 
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::redis::client;
@@ -59,24 +56,9 @@ const WAKE_TTL_MS: &str = "10000";
 /// The send timeout used when the caller gives none.
 const DEFAULT_TIMEOUT_MS: u32 = 30_000;
 
-/// A live listener.
-#[derive(Default)]
-struct Listener {
-    stop: Latch,
-    ended: Latch,
-}
-
-thread_local! {
-    static LISTENERS: RefCell<BTreeMap<ListenerId, Rc<Listener>>> = const { RefCell::new(BTreeMap::new()) };
-    static NEXT_ID: Cell<ListenerId> = const { Cell::new(1) };
-}
-
 /// Stop every live listener (`close`).
 pub(crate) async fn stop_all() {
-    let ids: Vec<ListenerId> = LISTENERS.with_borrow(|m| m.keys().copied().collect());
-    for id in ids {
-        <Component as Guest>::stop(id).await;
-    }
+    relay::stop_all_listeners().await;
 }
 
 fn put_opt(out: &mut Vec<u8>, value: &Option<String>) {
@@ -129,7 +111,7 @@ fn enc(address: &str) -> Result<String, Error> {
 }
 
 /// Relay an ungrouped subscription's blobs as packets until either end.
-async fn relay(from: &mut StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>) {
+async fn relay_packets(mut from: StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>) {
     loop {
         let (result, blobs) = from.read(Vec::with_capacity(64)).await;
         let packets: Vec<Packet> = blobs.iter().filter_map(|b| decode(b)).collect();
@@ -226,22 +208,17 @@ impl Guest for Component {
     ) -> Result<(ListenerId, StreamReader<Packet>), Error> {
         let config = config()?;
         let channel = config.key("dx", &address)?;
-        let listener = Rc::new(Listener::default());
         let (tx, rx) = crate::wit_stream::new::<Packet>();
-        match group {
+        let id = match group {
             None => {
-                let (subscription, mut from) =
-                    client::subscribe(channel).await.map_err(redis_error)?;
-                let l = listener.clone();
-                wit_bindgen::spawn_local(async move {
-                    // Confirmed before `stop` returns: a send after it no longer counts us;
-                    // what was published before is handed over first.
-                    relay::until_stopped(relay(&mut from, tx), &l.stop, || {
-                        client::unsubscribe(subscription)
-                    })
-                    .await;
-                    l.ended.set();
-                });
+                let (subscription, from) = client::subscribe(channel).await.map_err(redis_error)?;
+                // Confirmed before `stop` returns: a send after it no longer counts us; what was
+                // published before is handed over first.
+                relay::spawn_listener(move |stop| async move {
+                    let relayed = relay_packets(from, tx);
+                    relay::until_stopped(relayed, &stop, || client::unsubscribe(subscription))
+                        .await;
+                })
             }
             Some(group) => {
                 if group.is_empty() {
@@ -262,29 +239,20 @@ impl Guest for Component {
                     client::unsubscribe(subscription).await;
                     return Err(e);
                 }
-                let l = listener.clone();
-                wit_bindgen::spawn_local(async move {
-                    pop(list, wake, &mut presence, tx, l.stop.clone()).await;
+                relay::spawn_listener(move |stop| async move {
+                    pop(list, wake, &mut presence, tx, stop).await;
                     client::unsubscribe(subscription).await;
-                    l.ended.set();
-                });
+                })
             }
-        }
-        let id = NEXT_ID.replace(NEXT_ID.get() + 1);
-        LISTENERS.with_borrow_mut(|m| m.insert(id, listener));
+        };
         Ok((id, rx))
     }
 
     fn healthy(listener: ListenerId) -> Option<bool> {
-        LISTENERS.with_borrow(|m| m.get(&listener).map(|l| !l.ended.is_set()))
+        relay::listener_healthy(listener)
     }
 
     async fn stop(listener: ListenerId) {
-        let Some(l) = LISTENERS.with_borrow(|m| m.get(&listener).cloned()) else {
-            return;
-        };
-        l.stop.set();
-        l.ended.wait().await;
-        LISTENERS.with_borrow_mut(|m| m.remove(&listener));
+        relay::stop_listener(listener).await;
     }
 }
