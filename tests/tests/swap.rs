@@ -342,27 +342,32 @@ async fn requests_across_swaps(
     let direct = broker.direct()?;
     let service = format!("swap-service-{}", uuid::Uuid::new_v4().simple());
     let (listener, handled) = echo_service(&direct, &service).await?;
-    let done = new_flag();
+    let (done, swapping) = (new_flag(), new_flag());
     let requesters: Vec<_> = (0..REQUESTERS)
         .map(|who| {
-            let (direct, service, done) = (direct.clone(), service.clone(), done.clone());
+            let (direct, service) = (direct.clone(), service.clone());
+            let (done, swapping) = (done.clone(), swapping.clone());
             tokio::spawn(async move {
-                let mut answered = 0u64;
+                // Each request's latency, and whether swaps were going on when it started.
+                let mut latencies = Vec::new();
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    let body = format!("{who}:{answered}").into_bytes();
+                    let body = format!("{who}:{}", latencies.len()).into_bytes();
+                    let during = swapping.load(std::sync::atomic::Ordering::Relaxed);
+                    let started = std::time::Instant::now();
                     let reply = direct
                         .request(&service, body.clone(), Duration::from_secs(5))
                         .await
-                        .with_context(|| format!("requester {who}, request {answered}"))?;
+                        .with_context(|| format!("requester {who}, request {}", latencies.len()))?;
+                    latencies.push((started.elapsed(), during));
                     ensure!(reply.body == body, "a reply with another body");
-                    answered += 1;
                 }
-                anyhow::Ok(answered)
+                anyhow::Ok(latencies)
             })
         })
         .collect();
-    // Let the requests get going before the first swap.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Requests without swaps first, for the latency outside swaps.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    swapping.store(true, std::sync::atomic::Ordering::Relaxed);
     let swapped = async {
         let mut took = Vec::new();
         for i in 0..REQUEST_SWAPS {
@@ -377,17 +382,28 @@ async fn requests_across_swaps(
     }
     .await;
     done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut answered = 0;
+    let mut latencies = Vec::new();
     for requester in requesters {
-        answered += requester.await??;
+        latencies.extend(requester.await??);
     }
+    let answered = latencies.len() as u64;
     let took = swapped?;
     listener.stop().await;
     ensure_handled_once(&handled, answered)?;
+    let (during, outside): (Vec<_>, Vec<_>) = latencies.into_iter().partition(|(_, d)| *d);
+    let p50_p99 = |samples: Vec<(Duration, bool)>| {
+        let mut samples: Vec<Duration> = samples.into_iter().map(|(t, _)| t).collect();
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        (samples.len(), at(0.5), at(0.99))
+    };
     println!(
-        "{answered} requests answered across {REQUEST_SWAPS} back-to-back swaps; swap took p50 {:?}, max {:?}",
+        "{answered} requests answered across {REQUEST_SWAPS} back-to-back swaps (swap p50 {:?}, \
+         max {:?}); request latency (n, p50, p99) during the swaps {:?}, outside {:?}",
         took[took.len() / 2],
-        took[took.len() - 1]
+        took[took.len() - 1],
+        p50_p99(during),
+        p50_p99(outside),
     );
     ensure!(answered > 0, "no request was answered");
     Ok(answered)
