@@ -3,15 +3,16 @@
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails; a service answers requests
 //! throughout. The same on Redis and NATS. And a service answers every request from concurrent
-//! requesters while the adapter is swapped 100 times back to back, on each broker.
+//! requesters while the adapter is swapped 100 times back to back, on each broker, to an
+//! ungrouped listener and to a group.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use wrpc_broker::{
-    AppendOptions, Broker, BrokerBuilder, ConsumeOptions, Direct, Incoming, Listener, MemoryStore,
-    ProduceOptions, ReadFrom,
+    AppendOptions, Broker, BrokerBuilder, ConsumeOptions, Direct, Incoming, ListenOptions,
+    Listener, MemoryStore, ProduceOptions, ReadFrom,
 };
 use wrpc_broker_contract::{components, workload};
 
@@ -56,10 +57,12 @@ async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
-/// A service on `address` answering each request with its body, and how many it handled.
+/// A service on `address` (in `group`, if any) answering each request with its body, and how
+/// many it handled.
 async fn echo_service(
     direct: &Direct,
     address: &str,
+    group: Option<&str>,
 ) -> anyhow::Result<(Listener, Arc<std::sync::atomic::AtomicU64>)> {
     let handled = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let count = handled.clone();
@@ -67,7 +70,11 @@ async fn echo_service(
         count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         async move { Ok(incoming.reply(incoming.packet.body.clone()).await?) }
     };
-    let listener = direct.listen(address, answer, Default::default()).await?;
+    let options = ListenOptions {
+        group: group.map(str::to_string),
+        ..ListenOptions::default()
+    };
+    let listener = direct.listen(address, answer, options).await?;
     Ok((listener, handled))
 }
 
@@ -138,7 +145,7 @@ async fn workload(
     // A service answering requests throughout: no request may fail because of a swap.
     let direct = broker.direct()?;
     let service = format!("{name}.service");
-    let (listener, requests_handled) = echo_service(&direct, &service).await?;
+    let (listener, requests_handled) = echo_service(&direct, &service, None).await?;
     let requester = {
         let (direct, service, done) = (direct.clone(), service.clone(), swaps_done.clone());
         tokio::spawn(async move {
@@ -329,7 +336,8 @@ const REQUEST_SWAPS: usize = 100;
 /// Requesters sending back to back in [`requests_across_swaps`].
 const REQUESTERS: usize = 4;
 
-/// A service answers [`REQUESTERS`] requesters sending back to back while the adapter is swapped
+/// A service (an ungrouped listener, or a group of one) answers [`REQUESTERS`] requesters
+/// sending back to back while the adapter is swapped
 /// [`REQUEST_SWAPS`] times with no pause between swaps: every request is answered (a request
 /// that reached only the old adapter's listener is handed over by its stop) and handled once
 /// (one that reached both is not handled twice). Returns how many were answered.
@@ -337,11 +345,12 @@ async fn requests_across_swaps(
     builder: BrokerBuilder,
     swap_to: Vec<u8>,
     options: Vec<(String, String)>,
+    group: Option<&str>,
 ) -> anyhow::Result<u64> {
     let broker = builder.open().await?;
     let direct = broker.direct()?;
     let service = format!("swap-service-{}", uuid::Uuid::new_v4().simple());
-    let (listener, handled) = echo_service(&direct, &service).await?;
+    let (listener, handled) = echo_service(&direct, &service, group).await?;
     let (done, swapping) = (new_flag(), new_flag());
     let requesters: Vec<_> = (0..REQUESTERS)
         .map(|who| {
@@ -398,7 +407,7 @@ async fn requests_across_swaps(
         (samples.len(), at(0.5), at(0.99))
     };
     println!(
-        "{answered} requests answered across {REQUEST_SWAPS} back-to-back swaps (swap p50 {:?}, \
+        "{answered} requests to a listener in group {group:?} answered across {REQUEST_SWAPS} back-to-back swaps (swap p50 {:?}, \
          max {:?}); request latency (n, p50, p99) during the swaps {:?}, outside {:?}",
         took[took.len() / 2],
         took[took.len() - 1],
@@ -409,25 +418,33 @@ async fn requests_across_swaps(
     Ok(answered)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_across_back_to_back_swaps_are_all_answered() {
-    requests_across_swaps(
+/// One test per broker and listener kind.
+macro_rules! requests_across_swaps {
+    ($($test:ident: $broker:expr, $group:expr;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let (builder, wasm, options) = $broker;
+                requests_across_swaps(builder, wasm, options, $group).await.unwrap();
+            }
+        )*
+    };
+}
+
+/// The memory component on a fresh store, with no options.
+fn memory_setup() -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
+    (
         on_memory(components::MEMORY),
         std::fs::read(components::MEMORY).unwrap(),
         vec![],
     )
-    .await
-    .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_across_back_to_back_swaps_are_all_answered_on_redis() {
-    let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    requests_across_swaps(builder, wasm, options).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_across_back_to_back_swaps_are_all_answered_on_nats() {
-    let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    requests_across_swaps(builder, wasm, options).await.unwrap();
+requests_across_swaps! {
+    requests_across_back_to_back_swaps_are_all_answered: memory_setup(), None;
+    requests_across_back_to_back_swaps_are_all_answered_on_redis: on_server("redis://127.0.0.1:6379"), None;
+    requests_across_back_to_back_swaps_are_all_answered_on_nats: on_server("nats://127.0.0.1:4222"), None;
+    grouped_requests_across_back_to_back_swaps_are_all_answered: memory_setup(), Some("service");
+    grouped_requests_across_back_to_back_swaps_are_all_answered_on_redis: on_server("redis://127.0.0.1:6379"), Some("service");
+    grouped_requests_across_back_to_back_swaps_are_all_answered_on_nats: on_server("nats://127.0.0.1:4222"), Some("service");
 }

@@ -180,10 +180,20 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         queue_group: Option<String>,
     ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
         let driver = nats_of(accessor)?;
+        // Another component here already has this subscription: share it (the server routes to
+        // it already; a hot swap never leaves a gap).
+        let joined = driver.subscriptions.join(&subject, &queue_group);
+        if let Some((id, subscription)) = joined {
+            return accessor.with(|mut access| {
+                access.get().progress();
+                StreamReader::new(&mut access, BatchProducer::new(subscription, message))
+                    .map(|stream| Ok((id, stream)))
+            });
+        }
         let client = &driver.client;
-        let subscribed = match queue_group {
-            Some(group) => client.queue_subscribe(subject, group).await,
-            None => client.subscribe(subject).await,
+        let subscribed = match &queue_group {
+            Some(group) => client.queue_subscribe(subject.clone(), group.clone()).await,
+            None => client.subscribe(subject.clone()).await,
         };
         let subscriber = match subscribed {
             Ok(s) => s,
@@ -204,7 +214,9 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         if let Err(e) = flushed {
             return Ok(Err(e));
         }
-        let (id, subscription) = driver.subscriptions.add(subscriber);
+        let (id, subscription) = driver
+            .subscriptions
+            .share(&subject, &queue_group, subscriber);
         let stream = accessor.with(|mut access| {
             StreamReader::new(&mut access, BatchProducer::new(subscription, message))
         })?;
@@ -213,7 +225,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
 
     async fn unsubscribe(accessor: &Accessor<T, Self>, subscription: u64) -> wasmtime::Result<()> {
         let driver = nats_of(accessor)?;
-        if driver.subscriptions.drain(subscription).await
+        if driver.subscriptions.leave(subscription).await
             && let Err(e) = flush(&driver.client).await
         {
             tracing::debug!(subscription, "nats: unsubscribe: {e:?}");
