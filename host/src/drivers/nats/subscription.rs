@@ -68,6 +68,19 @@ struct Registry {
     by_member: HashMap<u64, Arc<Share>>,
 }
 
+impl Registry {
+    /// No new member joins `share` from now on.
+    fn close(&mut self, share: &Arc<Share>) {
+        if self
+            .by_key
+            .get(&share.key)
+            .is_some_and(|s| Arc::ptr_eq(s, share))
+        {
+            self.by_key.remove(&share.key);
+        }
+    }
+}
+
 /// The live subscriptions of one connection.
 #[derive(Debug, Default)]
 pub(crate) struct Subscriptions {
@@ -149,13 +162,7 @@ impl Subscriptions {
             return None;
         }
         drop(members);
-        if registry
-            .by_key
-            .get(&share.key)
-            .is_some_and(|s| Arc::ptr_eq(s, &share))
-        {
-            registry.by_key.remove(&share.key);
-        }
+        registry.close(&share);
         share.drain.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
@@ -172,13 +179,7 @@ impl Subscriptions {
             return false;
         }
         drop(members);
-        if registry
-            .by_key
-            .get(&share.key)
-            .is_some_and(|s| Arc::ptr_eq(s, &share))
-        {
-            registry.by_key.remove(&share.key);
-        }
+        registry.close(&share);
         share.emptied.notify_one();
         true
     }
@@ -236,13 +237,7 @@ async fn serve(
     for id in gone {
         registry.by_member.remove(&id);
     }
-    if registry
-        .by_key
-        .get(&share.key)
-        .is_some_and(|s| Arc::ptr_eq(s, &share))
-    {
-        registry.by_key.remove(&share.key);
-    }
+    registry.close(&share);
 }
 
 /// Give `message` to its targets; a member whose stream was dropped leaves (in a group the next
