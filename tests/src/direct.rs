@@ -450,7 +450,10 @@ async fn an_adapter_listener_hands_over_what_reached_it_before_its_stop(
     // listener off the broker and still hand every one of them over, in order, before the
     // stream ends. This is what keeps a hot swap from losing a request that reached only the
     // old adapter.
-    const PACKETS: usize = 200;
+    // Sent one at a time with a pause, so the adapter relays each on its own: the host's side
+    // of the stream holds 64 batches, so from then on the packets wait in the adapter and the
+    // broker, however loaded the machine is.
+    const PACKETS: usize = 300;
     let broker = f.instance().await?;
     let adapter = broker.adapter();
     let address = unique("handover");
@@ -460,6 +463,7 @@ async fn an_adapter_listener_hands_over_what_reached_it_before_its_stop(
             .direct_send(address.clone(), raw_packet(n.to_string()), 5_000)
             .await
             .with_context(|| format!("send {n}"))?;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let read_to_end = async {
         let mut got = Vec::new();
