@@ -1,4 +1,5 @@
-//! Listeners that stop without losing what already reached them. [`until_stopped`] drives the
+//! Moving a broker subscription's items into a stream an export returned ([`pump`]), and
+//! listeners that stop without losing what already reached them. [`until_stopped`] drives the
 //! pump from a broker subscription into a listener's stream and, on stop, takes the
 //! subscription off the broker first and lets the pump hand over the rest. The listener
 //! registry ([`spawn_listener`], [`listener_healthy`], [`stop_listener`],
@@ -12,7 +13,33 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 
+use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
+
 use crate::signal::Latch;
+
+/// How many items [`pump`] reads at a time.
+pub const BATCH: usize = 256;
+
+/// Copy `from` into `to`, a batch (up to [`BATCH`] items) at a time through `convert`, until
+/// either end is dropped. `from` stays with the caller, who decides when it goes (dropping a
+/// driver stream unsubscribes). A dropped `to` shows only at the next write (the component
+/// model has no other signal), so an idle pump lingers until an item arrives.
+pub async fn pump<T: 'static, U: 'static>(
+    from: &mut StreamReader<T>,
+    mut to: StreamWriter<U>,
+    mut convert: impl FnMut(Vec<T>) -> Vec<U>,
+) {
+    loop {
+        let (result, items) = from.read(Vec::with_capacity(BATCH)).await;
+        let batch = convert(items);
+        if !batch.is_empty() && !to.write_all(batch).await.is_empty() {
+            return;
+        }
+        if !matches!(result, StreamResult::Complete(_)) {
+            return;
+        }
+    }
+}
 
 /// Drive `relay` (a pump from a broker subscription into a listener's stream) to its end. If
 /// `stop` is set first, `leave` runs (it takes the subscription off the broker, confirmed, after

@@ -94,8 +94,7 @@ impl BrokerBuilder {
         mut self,
         options: impl IntoIterator<Item = (K, V)>,
     ) -> Self {
-        self.options
-            .extend(options.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self.options.extend(owned_options(options));
         self
     }
 
@@ -395,6 +394,16 @@ pub struct SwapReport {
     pub total: std::time::Duration,
 }
 
+/// `init` options as owned name/value pairs.
+pub(crate) fn owned_options<K: Into<String>, V: Into<String>>(
+    options: impl IntoIterator<Item = (K, V)>,
+) -> Vec<(String, String)> {
+    options
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect()
+}
+
 /// A host instance on one broker, through one adapter component. Clones share it; the adapter
 /// closes when the last clone is dropped or [`Broker::close`] is called.
 #[derive(Clone)]
@@ -508,10 +517,7 @@ impl Broker {
                 .runtime
                 .load_bytes(source, wasm, &config.drivers)?,
         );
-        let options: Vec<(String, String)> = options
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        let options = owned_options(options);
         if options != config.options {
             // Options replace the running ones: a `prefix` left out moves the adapter to
             // another namespace, where the queues and feeds of this host are not.

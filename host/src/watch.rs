@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, SwapReport};
+use crate::broker::{Broker, SwapReport, owned_options};
 use crate::migrate::{MigrateOptions, MigrationReport};
 
 /// How often the file is looked at.
@@ -82,10 +82,7 @@ impl Broker {
         path: impl Into<PathBuf>,
         options: impl IntoIterator<Item = (K, V)>,
     ) -> Watcher {
-        let options: Vec<(String, String)> = options
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        let options = owned_options(options);
         let broker = self.clone();
         watch_file(path.into(), move |path| {
             let (broker, options) = (broker.clone(), options.clone());
@@ -114,10 +111,7 @@ impl Broker {
         options: impl IntoIterator<Item = (K, V)>,
         migrate: MigrateOptions,
     ) -> Watcher {
-        let options: Vec<(String, String)> = options
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        let options = owned_options(options);
         let broker = self.clone();
         watch_file(path.into(), move |path| {
             let (broker, options, migrate) = (broker.clone(), options.clone(), migrate.clone());

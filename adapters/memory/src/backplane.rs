@@ -3,9 +3,10 @@
 
 use crate::exports::wrpc::broker::backplane::Guest;
 use crate::wrpc::memory::store;
-use crate::{Component, config, pump};
+use crate::{Component, config};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
+use wrpc_broker_guest::relay;
 
 #[cfg(feature = "mutant-replay-backplane")]
 thread_local! {
@@ -37,7 +38,7 @@ impl Guest for Component {
         let name = config.name("chan", &channel)?;
         #[cfg(feature = "mutant-replay-backplane")]
         let last = LAST.with_borrow(|m| m.get(&name).cloned());
-        let from = store::channel_subscribe(name).await;
+        let mut from = store::channel_subscribe(name).await;
         let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
         wit_bindgen::spawn_local(async move {
             #[cfg(feature = "mutant-replay-backplane")]
@@ -48,7 +49,7 @@ impl Guest for Component {
             {
                 return;
             }
-            pump(from, tx, |batch| batch, std::future::pending()).await
+            relay::pump(&mut from, tx, |batch| batch).await
         });
         Ok(rx)
     }

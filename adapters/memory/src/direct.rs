@@ -5,7 +5,7 @@
 
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::memory::store;
-use crate::{Component, DEFAULT_PREFIX, config, pump, store_error};
+use crate::{Component, DEFAULT_PREFIX, config, store_error};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
 use wrpc_broker_guest::relay;
@@ -63,18 +63,19 @@ impl Guest for Component {
         }
         #[cfg(feature = "mutant-ignore-group")]
         let group: Option<String> = group.and(None);
-        let (subscription, from) = store::inbox_listen(address, group).await;
+        let (subscription, mut from) = store::inbox_listen(address, group).await;
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         #[cfg(feature = "mutant-drop-on-stop")]
         let id = relay::spawn_listener(move |stop| async move {
-            pump(from, tx, deliver, stop.wait()).await;
+            let relayed = std::pin::pin!(relay::pump(&mut from, tx, deliver));
+            futures::future::select(relayed, std::pin::pin!(stop.wait())).await;
             store::inbox_unlisten(subscription).await;
         });
         // Stopped: off the address first (a send after `stop` finds nobody), then what was sent
         // before is handed over.
         #[cfg(not(feature = "mutant-drop-on-stop"))]
         let id = relay::spawn_listener(move |stop| async move {
-            let relayed = pump(from, tx, deliver, std::future::pending());
+            let relayed = relay::pump(&mut from, tx, deliver);
             relay::until_stopped(relayed, &stop, || store::inbox_unlisten(subscription)).await;
         });
         Ok((id, rx))

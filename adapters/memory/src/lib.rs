@@ -25,13 +25,9 @@ mod log;
 mod queue;
 
 use std::cell::RefCell;
-use std::future::Future;
-use std::pin::pin;
 use std::rc::Rc;
 
 use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
-use futures::future::{Either, select};
-use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 use wrpc::memory::store::StoreError;
 use wrpc_broker_guest::options::Options;
 use wrpc_broker_guest::{Error, host};
@@ -46,8 +42,6 @@ const DEFAULT_PREFIX: &str = "wrpc";
 const DEFAULT_MAX_ENTRIES: u32 = 10_000;
 /// The default of option `queue.visibilityMs`.
 const DEFAULT_VISIBILITY_MS: u32 = 30_000;
-/// How many items one read of a store stream takes at most.
-const BATCH: usize = 256;
 
 /// What `init` configured; fixed for the life of the instance.
 struct Config {
@@ -151,38 +145,6 @@ fn store_error(e: StoreError) -> Error {
         StoreError::Unavailable(m) => Error::Unavailable(m),
         StoreError::Refused(m) => Error::Refused(m),
         StoreError::Timeout(m) => Error::Timeout(m),
-    }
-}
-
-/// Copy the store stream `from` into the returned stream `to`, a batch (up to [`BATCH`] items)
-/// at a time through `convert`, until either end is dropped or `stop` resolves. Dropping
-/// `from` on the way out unregisters the reader in the store. A dropped `to` shows only at the
-/// next write (the component model has no other signal), so an idle pump lingers until an item
-/// arrives or `stop` fires.
-async fn pump<T: 'static, U: 'static>(
-    mut from: StreamReader<T>,
-    mut to: StreamWriter<U>,
-    mut convert: impl FnMut(Vec<T>) -> Vec<U>,
-    stop: impl Future<Output = ()>,
-) {
-    let mut stop = pin!(stop);
-    loop {
-        let read = pin!(from.read(Vec::with_capacity(BATCH)));
-        let (result, items) = match select(read, stop.as_mut()).await {
-            Either::Left((read, _)) => read,
-            Either::Right(_) => return,
-        };
-        let batch = convert(items);
-        if !batch.is_empty() {
-            let write = pin!(to.write_all(batch));
-            match select(write, stop.as_mut()).await {
-                Either::Left((unsent, _)) if unsent.is_empty() => {}
-                _ => return,
-            }
-        }
-        if !matches!(result, StreamResult::Complete(_)) {
-            return;
-        }
     }
 }
 

@@ -5,8 +5,9 @@
 
 use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::wrpc::memory::store::{self, LogEntry, LogInfo, LogRecord};
-use crate::{Component, Config, config, pump, store_error};
+use crate::{Component, Config, config, store_error};
 use wit_bindgen::StreamReader;
+use wrpc_broker_guest::relay;
 use wrpc_broker_guest::{Error, Position, Start};
 
 /// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
@@ -180,7 +181,8 @@ impl Guest for Component {
             let batch = bend(batch, &mut held, true);
             batch.into_iter().map(|e| entry(&epoch, e)).collect()
         };
-        wit_bindgen::spawn_local(pump(follow, tx, convert, std::future::pending()));
+        let mut follow = follow;
+        wit_bindgen::spawn_local(async move { relay::pump(&mut follow, tx, convert).await });
         Ok((
             vec![Position {
                 partition: 0,

@@ -6,9 +6,10 @@
 
 use crate::exports::wrpc::broker::backplane::Guest;
 use crate::wrpc::nats::client::{self, Message};
-use crate::{Component, config, nats_error, pump};
+use crate::{Component, config, nats_error};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
+use wrpc_broker_guest::relay;
 
 impl Guest for Component {
     async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -23,7 +24,7 @@ impl Guest for Component {
 
     async fn subscribe(channel: String) -> Result<StreamReader<Vec<u8>>, Error> {
         let subject = config()?.subject("bp", &channel)?;
-        let (_, from) = client::subscribe(subject, None).await.map_err(nats_error)?;
+        let (_, mut from) = client::subscribe(subject, None).await.map_err(nats_error)?;
         let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
         let payloads = |batch: Vec<Message>| {
             batch
@@ -32,7 +33,7 @@ impl Guest for Component {
                 .map(|m| m.payload)
                 .collect()
         };
-        wit_bindgen::spawn_local(pump(from, tx, payloads, std::future::pending()));
+        wit_bindgen::spawn_local(async move { relay::pump(&mut from, tx, payloads).await });
         Ok(rx)
     }
 }

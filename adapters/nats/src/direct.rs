@@ -22,7 +22,7 @@ use wit_bindgen::{StreamReader, StreamResult};
 use crate::codec;
 use crate::exports::wrpc::broker::direct::{Guest, ListenerId, Packet};
 use crate::wrpc::nats::client::{self, Message};
-use crate::{Component, DEFAULT_PREFIX, config, nats_error, pump};
+use crate::{Component, DEFAULT_PREFIX, config, nats_error};
 use wrpc_broker_guest::relay;
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, host};
@@ -236,14 +236,14 @@ impl Guest for Component {
             Some(g) => Some(config.enc("group", &g)?),
             None => None,
         };
-        let (subscription, from) = client::subscribe(subject, group)
+        let (subscription, mut from) = client::subscribe(subject, group)
             .await
             .map_err(nats_error)?;
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         // Stopped: the server stops routing to us first (confirmed: a send after `stop` sees
         // nobody), then what it routed before is handed over.
         let id = relay::spawn_listener(move |stop| async move {
-            let relayed = pump(from, tx, deliver, std::future::pending());
+            let relayed = relay::pump(&mut from, tx, deliver);
             relay::until_stopped(relayed, &stop, || client::unsubscribe(subscription)).await;
         });
         Ok((id, rx))

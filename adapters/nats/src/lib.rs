@@ -32,13 +32,9 @@ mod log;
 mod queue;
 
 use std::cell::RefCell;
-use std::future::Future;
-use std::pin::pin;
 use std::rc::Rc;
 
 use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
-use futures::future::{Either, select};
-use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 use wrpc::nats::client::NatsError;
 use wrpc_broker_guest::options::Options;
 use wrpc_broker_guest::{Error, host};
@@ -165,36 +161,6 @@ pub(crate) fn nats_error(e: NatsError) -> Error {
         NatsError::BadRequest(m) => Error::BadRequest(m),
         NatsError::Refused(m) => Error::Refused(m),
         NatsError::Unavailable(m) => Error::Unavailable(m),
-    }
-}
-
-/// Copy the driver stream `from` into the returned stream `to`, a batch (up to [`BATCH`]
-/// items) at a time through `convert`, until either end is dropped or `stop` resolves. Dropping
-/// `from` on the way out unsubscribes.
-pub(crate) async fn pump<T: 'static, U: 'static>(
-    mut from: StreamReader<T>,
-    mut to: StreamWriter<U>,
-    mut convert: impl FnMut(Vec<T>) -> Vec<U>,
-    stop: impl Future<Output = ()>,
-) {
-    let mut stop = pin!(stop);
-    loop {
-        let read = pin!(from.read(Vec::with_capacity(BATCH)));
-        let (result, items) = match select(read, stop.as_mut()).await {
-            Either::Left((read, _)) => read,
-            Either::Right(_) => return,
-        };
-        let batch = convert(items);
-        if !batch.is_empty() {
-            let write = pin!(to.write_all(batch));
-            match select(write, stop.as_mut()).await {
-                Either::Left((unsent, _)) if unsent.is_empty() => {}
-                _ => return,
-            }
-        }
-        if !matches!(result, StreamResult::Complete(_)) {
-            return;
-        }
     }
 }
 

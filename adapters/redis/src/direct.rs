@@ -26,7 +26,7 @@ use crate::{
     Component, DEFAULT_PREFIX, Reply, args, blocking, config, eval, get, pipeline, put, redis_error,
 };
 use futures::future::{Either, select};
-use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
+use wit_bindgen::{StreamReader, StreamWriter};
 use wrpc_broker_guest::relay;
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, host};
@@ -108,20 +108,6 @@ fn decode(data: &[u8]) -> Option<Packet> {
 /// The composite-key form of an address: no `:`, so `<enc(a)>:<group>` splits one way only.
 fn enc(address: &str) -> Result<String, Error> {
     wrpc_broker_guest::ids::encode_token(address, "!-$&-9;-~", '%', 1024)
-}
-
-/// Relay an ungrouped subscription's blobs as packets until either end.
-async fn relay_packets(mut from: StreamReader<Vec<u8>>, mut to: StreamWriter<Packet>) {
-    loop {
-        let (result, blobs) = from.read(Vec::with_capacity(64)).await;
-        let packets: Vec<Packet> = blobs.iter().filter_map(|b| decode(b)).collect();
-        if !packets.is_empty() && !to.write_all(packets).await.is_empty() {
-            return;
-        }
-        if !matches!(result, StreamResult::Complete(_)) {
-            return;
-        }
-    }
 }
 
 /// Pop a group's list until `stop`, the host drops the stream, or the presence subscription
@@ -211,11 +197,14 @@ impl Guest for Component {
         let (tx, rx) = crate::wit_stream::new::<Packet>();
         let id = match group {
             None => {
-                let (subscription, from) = client::subscribe(channel).await.map_err(redis_error)?;
+                let (subscription, mut from) =
+                    client::subscribe(channel).await.map_err(redis_error)?;
                 // Confirmed before `stop` returns: a send after it no longer counts us; what was
                 // published before is handed over first.
                 relay::spawn_listener(move |stop| async move {
-                    let relayed = relay_packets(from, tx);
+                    let decode_all =
+                        |blobs: Vec<Vec<u8>>| blobs.iter().filter_map(|b| decode(b)).collect();
+                    let relayed = relay::pump(&mut from, tx, decode_all);
                     relay::until_stopped(relayed, &stop, || client::unsubscribe(subscription))
                         .await;
                 })

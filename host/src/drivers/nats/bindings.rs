@@ -130,6 +130,33 @@ async fn flush(client: &async_nats::Client) -> Result<(), wit::NatsError> {
     }
 }
 
+/// Subscribe to `subject` (in `group`) and wait until the server has the interest.
+async fn subscribe_at_server(
+    client: &async_nats::Client,
+    subject: &str,
+    group: &Option<String>,
+) -> Result<async_nats::Subscriber, wit::NatsError> {
+    let subscribed = match group {
+        Some(group) => {
+            client
+                .queue_subscribe(subject.to_string(), group.clone())
+                .await
+        }
+        None => client.subscribe(subject.to_string()).await,
+    };
+    let subscriber = subscribed.map_err(|e| {
+        use async_nats::client::SubscribeErrorKind as Kind;
+        match e.kind() {
+            Kind::InvalidSubject | Kind::InvalidQueueName => {
+                wit::NatsError::BadRequest(e.to_string())
+            }
+            _ => wit::NatsError::Unavailable(e.to_string()),
+        }
+    })?;
+    flush(client).await?;
+    Ok(subscriber)
+}
+
 impl wit::Host for Ctx {
     fn new_inbox(&mut self) -> wasmtime::Result<String> {
         Ok(self.nats()?.client.new_inbox())
@@ -182,42 +209,20 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         let driver = nats_of(accessor)?;
         // Another component here already has this subscription: share it (the server routes to
         // it already; a hot swap never leaves a gap).
-        let joined = driver.subscriptions.join(&subject, &queue_group);
-        if let Some((id, subscription)) = joined {
-            return accessor.with(|mut access| {
-                access.get().progress();
-                StreamReader::new(&mut access, BatchProducer::new(subscription, message))
-                    .map(|stream| Ok((id, stream)))
-            });
-        }
-        let client = &driver.client;
-        let subscribed = match &queue_group {
-            Some(group) => client.queue_subscribe(subject.clone(), group.clone()).await,
-            None => client.subscribe(subject.clone()).await,
+        let (id, subscription) = match driver.subscriptions.join(&subject, &queue_group) {
+            Some(member) => member,
+            None => match subscribe_at_server(&driver.client, &subject, &queue_group).await {
+                Ok(subscriber) => driver
+                    .subscriptions
+                    .share(&subject, &queue_group, subscriber),
+                Err(e) => {
+                    progress(accessor);
+                    return Ok(Err(e));
+                }
+            },
         };
-        let subscriber = match subscribed {
-            Ok(s) => s,
-            Err(e) => {
-                progress(accessor);
-                use async_nats::client::SubscribeErrorKind as Kind;
-                let error = match e.kind() {
-                    Kind::InvalidSubject | Kind::InvalidQueueName => {
-                        wit::NatsError::BadRequest(e.to_string())
-                    }
-                    _ => wit::NatsError::Unavailable(e.to_string()),
-                };
-                return Ok(Err(error));
-            }
-        };
-        let flushed = flush(client).await;
-        progress(accessor);
-        if let Err(e) = flushed {
-            return Ok(Err(e));
-        }
-        let (id, subscription) = driver
-            .subscriptions
-            .share(&subject, &queue_group, subscriber);
         let stream = accessor.with(|mut access| {
+            access.get().progress();
             StreamReader::new(&mut access, BatchProducer::new(subscription, message))
         })?;
         Ok(Ok((id, stream)))
