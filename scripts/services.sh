@@ -1,37 +1,106 @@
 #!/usr/bin/env bash
-# Starts the broker servers the tests talk to, unless they already answer: Redis on
-# 127.0.0.1:6379 and NATS with JetStream on 127.0.0.1:4222 (installed from Debian when absent).
+# Starts the broker servers the tests talk to, unless they already answer, all on loopback:
+#   Redis 127.0.0.1:6379, NATS with JetStream 127.0.0.1:4222, RabbitMQ 127.0.0.1:5672 (guest/guest),
+#   Mosquitto 127.0.0.1:1883 (anonymous), Kafka 127.0.0.1:9092 (scripts/kafka.sh).
+# The first four come from Debian's packages, installed when absent; there is no systemd, so each
+# daemon is started directly. Running it again with everything up only prints.
 set -euo pipefail
 
+here="$(cd "$(dirname "$0")" && pwd)"
+
+say() { echo "services: $*"; }
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-wait_for() {
-  for _ in $(seq 1 100); do
+wait_for() { # port [seconds]
+  local tenths=$((${2:-10} * 10))
+  for _ in $(seq 1 "$tenths"); do
     listening "$1" && return 0
     sleep 0.1
   done
-  echo "services: nothing listens on 127.0.0.1:$1 after 10 s" >&2
+  echo "services: nothing listens on 127.0.0.1:$1 after ${2:-10} s" >&2
   return 1
 }
 
-install() {
+apt_updated=
+install() { # command, Debian package
   command -v "$1" >/dev/null 2>&1 && return 0
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2") >/dev/null
+  if [ -z "$apt_updated" ]; then
+    apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
 }
 
-if ! listening 6379; then
+start_redis() {
   install redis-server redis-server
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   wait_for 6379
-fi
+}
 
-if ! listening 4222; then
+start_nats() {
   install nats-server nats-server
   mkdir -p /var/lib/nats-server
   start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   wait_for 4222
-fi
-echo "services: redis 127.0.0.1:6379 and nats 127.0.0.1:4222 answer"
+}
+
+# RabbitMQ's environment file is read by rabbitmq-server and by rabbitmqctl alike: the node is
+# rabbit@localhost, and AMQP, epmd and Erlang distribution (server and CLI) bind loopback only.
+# It is written before the install, so that it holds even for a package script that starts the
+# node. No plugin is enabled. The default user guest/guest may connect from loopback only.
+start_rabbitmq() {
+  mkdir -p /etc/rabbitmq
+  cat >/etc/rabbitmq/rabbitmq-env.conf <<'EOF'
+# Written by wrpc-broker's scripts/services.sh: a loopback-only node for the tests.
+NODENAME=rabbit@localhost
+NODE_IP_ADDRESS=127.0.0.1
+NODE_PORT=5672
+ERL_EPMD_ADDRESS=127.0.0.1
+SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+EOF
+  install rabbitmq-server rabbitmq-server
+  rabbitmq-server -detached
+  wait_for 5672 120
+  rabbitmqctl -q await_startup --timeout 60 >/dev/null
+}
+
+start_mosquitto() {
+  install mosquitto mosquitto
+  mkdir -p /var/log/mosquitto
+  chown mosquitto /var/log/mosquitto
+  cat >/etc/mosquitto/wrpc-broker.conf <<'EOF'
+# Written by wrpc-broker's scripts/services.sh: a loopback-only broker for the tests.
+listener 1883 127.0.0.1
+allow_anonymous true
+persistence false
+log_dest file /var/log/mosquitto/wrpc-broker.log
+EOF
+  mosquitto -d -c /etc/mosquitto/wrpc-broker.conf
+  wait_for 1883
+}
+
+start_kafka() {
+  "$here/kafka.sh" install
+  "$here/kafka.sh" start
+}
+
+ensure() { # name, port
+  if listening "$2"; then
+    say "$1 answers on 127.0.0.1:$2"
+    return 0
+  fi
+  local began=$SECONDS
+  "start_$1"
+  say "$1 started on 127.0.0.1:$2 in $((SECONDS - began)) s"
+}
+
+ensure redis 6379
+ensure nats 4222
+ensure rabbitmq 5672
+ensure mosquitto 1883
+ensure kafka 9092
+say "redis 6379, nats 4222, rabbitmq 5672, mosquitto 1883 and kafka 9092 answer on 127.0.0.1"

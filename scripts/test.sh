@@ -5,7 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-rustup target add wasm32-wasip2
+# The wasm target: rustup first; where it cannot download the standard library here, the copy
+# bundled in ../shared (for this toolchain) is unpacked.
+if ! rustup target add wasm32-wasip2; then
+  shared_script="$(pwd)/../shared/scripts/wasm-target.sh"
+  [ -f "$shared_script" ] || { echo "test: rustup could not add wasm32-wasip2 and $shared_script is missing" >&2; exit 1; }
+  bash "$shared_script"
+fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 scripts/services.sh
 
