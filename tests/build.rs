@@ -18,6 +18,7 @@ const MUTANTS: &[&str] = &[
     "lose-retry",
     "second-settlement-wins",
     "drop-on-stop",
+    "drop-empty",
 ];
 
 fn main() {
@@ -48,6 +49,11 @@ fn main() {
             package: "wrpc-test-probe",
             features: &["forbidden-import"],
             name: "probe_forbidden_import",
+        },
+        Build {
+            package: "wrpc-adapter-memory",
+            features: &["other-names"],
+            name: "memory_other_names",
         },
         Build {
             package: "wrpc-adapter-memory",

@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use wrpc_broker::log::Headers;
 use wrpc_broker::{
-    AppendOptions, Broker, ConsumeOptions, Delivery, Entry, Incoming, ListenOptions, Log,
-    MemoryStore, Packet, ProduceOptions, ReadFrom, Reader, SendOptions, Subscription,
+    AppendOptions, Broker, ConsumeOptions, Delivery, Entry, Incoming, ListenOptions, Log, Packet,
+    ProduceOptions, ReadFrom, Reader, SendOptions, Subscription,
 };
 
 /// The longest the demo waits for anything.
@@ -24,30 +24,21 @@ const QUIET: Duration = Duration::from_millis(300);
 
 /// Run the demo on the broker at `broker_url`.
 pub async fn run(broker_url: &str) -> anyhow::Result<()> {
-    // On memory both instances share one in-process store; elsewhere they connect to one server.
-    let store = broker_url.starts_with("memory").then(MemoryStore::new);
-    // On a real server every run gets its own namespace, so earlier runs do not show up.
+    // Both instances open one broker: one server, or one named in-process store.
+    let driver = wrpc_broker::drivers::for_url(broker_url)?;
+    let url = driver.shared_url(broker_url);
+    // Every run gets its own namespace, so earlier runs on a server do not show up. The
+    // adapter's options; a swap passes them again (the new version runs in the same namespace).
     let prefix = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    // The adapter's options; a swap passes them again (the new version runs in the same
-    // namespace).
-    let options: Vec<(String, String)> = match store {
-        Some(_) => Vec::new(),
-        None => vec![("prefix".to_string(), prefix)],
+    let options = vec![("prefix".to_string(), prefix)];
+    let open = || {
+        let (options, url) = (options.clone(), url.clone());
+        async move { anyhow::Ok(Broker::builder().url(&url)?.options(options).open().await?) }
     };
-    let open = |store: Option<std::sync::Arc<MemoryStore>>| {
-        let options = options.clone();
-        async move {
-            let mut builder = Broker::builder().url(broker_url)?.options(options);
-            if let Some(store) = store {
-                builder = builder.memory_store(store);
-            }
-            anyhow::Ok(builder.open().await?)
-        }
-    };
-    let a = within("instance A to open", open(store.clone())).await??;
-    let b = within("instance B to open", open(store)).await??;
-    let place = if broker_url.starts_with("memory") {
-        "one in-process memory broker".to_string()
+    let a = within("instance A to open", open()).await??;
+    let b = within("instance B to open", open()).await??;
+    let place = if url != broker_url {
+        format!("one in-process {} broker", driver.name())
     } else {
         format!("the broker at {broker_url}")
     };
@@ -441,7 +432,7 @@ async fn swap_part(
     options: &[(String, String)],
 ) -> anyhow::Result<String> {
     heading("Hot swap: a new adapter version in the middle of a running queue");
-    let wasm = wrpc_broker::broker::embedded_adapter(broker_url)
+    let wasm = wrpc_broker::drivers::embedded_adapter(broker_url)
         .context("no embedded adapter for this broker")?;
     let handled = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
     let seen = handled.clone();

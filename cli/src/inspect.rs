@@ -5,20 +5,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wrpc_broker::drivers::DriverConnections;
+use wrpc_broker::Limits;
+use wrpc_broker::drivers;
 use wrpc_broker::ids::RandomIds;
 use wrpc_broker::runtime::{InstanceConfig, Origin, Runtime, describe};
-use wrpc_broker::{Limits, MemoryStore};
 
 /// Width of the `key:` column.
 const KEY_WIDTH: usize = 14;
 
 pub async fn run(path: &Path) -> anyhow::Result<()> {
     let runtime = Runtime::shared()?;
-    let drivers = DriverConnections {
-        memory: Some(MemoryStore::new()),
-        ..Default::default()
-    };
+    let drivers = drivers::unconnected();
     let component = Arc::new(runtime.load_file(path, &drivers)?);
     let config = InstanceConfig {
         options: vec![],

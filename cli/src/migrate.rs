@@ -37,12 +37,7 @@ const SETTLE_WAIT: Duration = Duration::from_secs(60);
 
 /// The builder for `url`, in a namespace of its own on a server broker.
 fn builder(url: &str, namespace: &str) -> anyhow::Result<BrokerBuilder> {
-    let builder = Broker::builder().url(url)?;
-    Ok(if url.starts_with("memory") {
-        builder
-    } else {
-        builder.option("prefix", namespace)
-    })
+    Ok(Broker::builder().url(url)?.option("prefix", namespace))
 }
 
 /// Run the move and print its progress.

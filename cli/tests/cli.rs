@@ -4,9 +4,13 @@
 use std::process::{Command, Output};
 
 fn wrpc_broker(args: &[&str]) -> Output {
+    wrpc_broker_env(args, &[("RUST_LOG", "warn")])
+}
+
+fn wrpc_broker_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_wrpc-broker"))
         .args(args)
-        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("running wrpc-broker")
 }
@@ -222,4 +226,47 @@ fn inspect_refuses_a_missing_file() {
         "{}",
         stderr(&output)
     );
+}
+
+#[test]
+fn inspect_and_check_say_a_file_is_not_a_component() {
+    let dir = std::env::temp_dir().join(format!("wrpc-not-a-component-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("notes.wasm");
+    std::fs::write(&text, "(component) is not a binary").unwrap();
+    let module = dir.join("module.wasm");
+    std::fs::write(&module, [b"\0asm".as_slice(), &[1, 0, 0, 0]].concat()).unwrap();
+    for command in ["inspect", "check"] {
+        for (file, expected) in [
+            (&text, "not a WebAssembly component"),
+            (&module, "a core WebAssembly module"),
+        ] {
+            let output = wrpc_broker(&[command, file.to_str().unwrap()]);
+            assert!(!output.status.success(), "{command} {}", file.display());
+            assert!(
+                stderr(&output).contains(expected),
+                "{command} {}: {}",
+                file.display(),
+                stderr(&output)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn demo_output_in_a_file_has_no_colour_codes() {
+    let output = wrpc_broker_env(&["demo"], &[("RUST_LOG", "debug")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).lines().count() > 10,
+        "log lines at debug level: {}",
+        stderr(&output)
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        stderr(&output)
+    );
+    assert!(!all.contains('\u{1b}'), "an escape code in:\n{all}");
 }

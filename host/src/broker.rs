@@ -7,61 +7,39 @@ use std::sync::{Arc, RwLock};
 
 use crate::backplane::{Backplane, Channels};
 use crate::direct::{Direct, Inboxes};
-use crate::drivers::DriverConnections;
-use crate::drivers::memory::MemoryStore;
+use crate::drivers::Driver;
+use crate::drivers::memory::{ADAPTER as MEMORY_ADAPTER, MemoryStore};
 use crate::error::{Error, Result};
 use crate::ids::{self, IdGenerator, RandomIds};
 use crate::log::{Log, Logs};
 use crate::queue::{Queue, Queues};
 use crate::runtime::{
-    AdapterComponent, AdapterInfo, AdapterInstance, Capabilities, InstanceConfig, Limits, Runtime,
+    AdapterComponent, AdapterInfo, AdapterInstance, Capabilities, DriverConnections,
+    InstanceConfig, Lent, Limits, Runtime,
 };
-
-/// The memory adapter component, built from `adapters/memory` and shipped inside the host.
-pub static MEMORY_COMPONENT: &[u8] = include_bytes!(env!("WRPC_MEMORY_COMPONENT"));
 
 /// Where the adapter component comes from.
 #[derive(Debug, Clone)]
 enum ComponentSource {
-    /// An adapter shipped inside the host binary.
+    /// An adapter shipped inside the host binary, for the broker of a URL.
     Embedded {
-        name: &'static str,
+        name: String,
         bytes: &'static [u8],
     },
     File(PathBuf),
 }
 
 impl ComponentSource {
-    fn embedded_memory() -> Self {
+    fn is_embedded_memory(&self) -> bool {
+        matches!(self, ComponentSource::Embedded { bytes, .. } if std::ptr::eq(*bytes, MEMORY_ADAPTER))
+    }
+
+    fn embedded(driver: &dyn Driver) -> Self {
         ComponentSource::Embedded {
-            name: "embedded memory adapter",
-            bytes: MEMORY_COMPONENT,
+            name: format!("embedded {} adapter", driver.name()),
+            bytes: driver.embedded_adapter(),
         }
     }
-}
-
-/// The adapter component embedded in this build for the broker at `url`, if any.
-pub fn embedded_adapter(url: &str) -> Option<&'static [u8]> {
-    match url.split_once("://").map_or(url, |(scheme, _)| scheme) {
-        "memory" => Some(MEMORY_COMPONENT),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Some(crate::drivers::redis::ADAPTER),
-        #[cfg(feature = "nats")]
-        "nats" => Some(crate::drivers::nats::ADAPTER),
-        _ => None,
-    }
-}
-
-/// The URL schemes [`BrokerBuilder::url`] understands in this build.
-pub fn supported_schemes() -> Vec<&'static str> {
-    let mut schemes = vec!["memory"];
-    if cfg!(feature = "redis") {
-        schemes.extend(["redis", "rediss"]);
-    }
-    if cfg!(feature = "nats") {
-        schemes.push("nats");
-    }
-    schemes
 }
 
 /// Configures and opens a [`Broker`].
@@ -70,9 +48,10 @@ pub struct BrokerBuilder {
     options: Vec<(String, String)>,
     limits: Limits,
     ids: Arc<dyn IdGenerator>,
-    memory: Option<Arc<MemoryStore>>,
-    redis_url: Option<String>,
-    nats_url: Option<String>,
+    /// Broker URLs whose drivers' connections are lent to the adapter.
+    urls: Vec<String>,
+    /// Connections lent as they are (they win over a URL of the same driver).
+    lent: Vec<Lent>,
     runtime: Option<Runtime>,
 }
 
@@ -112,53 +91,31 @@ impl BrokerBuilder {
 
     /// Lend the adapter this in-process memory broker (`wrpc:memory/store`). Two brokers opened on
     /// one store behave like two processes on one real broker.
-    pub fn memory_store(mut self, store: Arc<MemoryStore>) -> Self {
-        self.memory = Some(store);
+    pub fn memory_store(self, store: Arc<MemoryStore>) -> Self {
+        self.lend(crate::drivers::memory::lend(store))
+    }
+
+    /// Lend the adapter this driver connection (see [`crate::drivers::Driver::connect`]).
+    pub fn lend(mut self, connection: Lent) -> Self {
+        self.lent.push(connection);
         self
     }
 
     /// Open the broker at `url` with the adapter embedded for it: `memory://` (a fresh in-process
-    /// store), `redis://host:port`, `nats://host:port`. A later [`Self::component_file`] replaces
-    /// the adapter and keeps the connection.
+    /// store; `memory://<name>` a named one of this process), `redis://host:port`,
+    /// `nats://host:port` — every scheme of [`crate::drivers::registry`]. A later
+    /// [`Self::component_file`] replaces the adapter and keeps the connection.
     pub fn url(mut self, url: &str) -> Result<Self> {
-        let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
-        match scheme {
-            "memory" => self.source = ComponentSource::embedded_memory(),
-            #[cfg(feature = "redis")]
-            "redis" | "rediss" => {
-                self.source = ComponentSource::Embedded {
-                    name: "embedded redis adapter",
-                    bytes: crate::drivers::redis::ADAPTER,
-                };
-                self.redis_url = Some(url.to_string());
-            }
-            #[cfg(feature = "nats")]
-            "nats" => {
-                self.source = ComponentSource::Embedded {
-                    name: "embedded nats adapter",
-                    bytes: crate::drivers::nats::ADAPTER,
-                };
-                self.nats_url = Some(url.to_string());
-            }
-            other => {
-                return Err(Error::BadRequest(format!(
-                    "broker URL scheme `{other}` is not supported by this build (supported: {})",
-                    supported_schemes().join(", ")
-                )));
-            }
-        }
+        let driver = crate::drivers::for_url(url)?;
+        self.source = ComponentSource::embedded(driver);
+        self.urls.push(url.to_string());
         Ok(self)
     }
 
-    /// Lend the adapter a Redis connection to `url` (`wrpc:redis/client`).
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.redis_url = Some(url.into());
-        self
-    }
-
-    /// Lend the adapter a NATS connection to `url` (`wrpc:nats/client`).
-    pub fn nats_url(mut self, url: impl Into<String>) -> Self {
-        self.nats_url = Some(url.into());
+    /// Lend the adapter a connection to the broker at `url` too, keeping the adapter (a
+    /// component file that imports that broker's driver).
+    pub fn driver_url(mut self, url: impl Into<String>) -> Self {
+        self.urls.push(url.into());
         self
     }
 
@@ -168,38 +125,14 @@ impl BrokerBuilder {
         self
     }
 
-    /// Connect the drivers the operator configured (the embedded memory adapter without a store
-    /// gets a fresh one).
+    /// Connect the drivers the operator configured (the embedded memory adapter with no broker
+    /// gets a fresh store).
     async fn connect_drivers(&self) -> Result<DriverConnections> {
-        let memory = match (&self.source, &self.memory) {
-            (ComponentSource::Embedded { bytes, .. }, None)
-                if std::ptr::eq(*bytes, MEMORY_COMPONENT) =>
-            {
-                Some(MemoryStore::new())
-            }
-            (_, memory) => memory.clone(),
-        };
-        #[cfg_attr(not(any(feature = "redis", feature = "nats")), allow(unused_mut))]
-        let mut drivers = DriverConnections {
-            memory,
-            ..Default::default()
-        };
-        #[cfg(feature = "redis")]
-        if let Some(url) = &self.redis_url {
-            drivers.redis = Some(crate::drivers::redis::RedisDriver::connect(url).await?);
+        let mut urls = self.urls.clone();
+        if urls.is_empty() && self.lent.is_empty() && self.source.is_embedded_memory() {
+            urls.push("memory://".to_string());
         }
-        #[cfg(feature = "nats")]
-        if let Some(url) = &self.nats_url {
-            drivers.nats = Some(crate::drivers::nats::NatsDriver::connect(url).await?);
-        }
-        for (url, scheme) in [(&self.redis_url, "redis"), (&self.nats_url, "nats")] {
-            if url.is_some() && !supported_schemes().contains(&scheme) {
-                return Err(Error::BadRequest(format!(
-                    "this build has no {scheme} driver (cargo feature `{scheme}`)"
-                )));
-            }
-        }
-        Ok(drivers)
+        crate::drivers::connect_all(&urls, self.lent.clone()).await
     }
 
     /// Connect the drivers and load the component (not started yet): the runtime it was loaded
@@ -424,13 +357,12 @@ impl Broker {
     /// A builder; by default it opens the embedded memory adapter on a fresh in-process store.
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder {
-            source: ComponentSource::embedded_memory(),
+            source: ComponentSource::embedded(&crate::drivers::memory::MemoryDriver),
             options: Vec::new(),
             limits: Limits::default(),
             ids: Arc::new(RandomIds),
-            memory: None,
-            redis_url: None,
-            nats_url: None,
+            urls: Vec::new(),
+            lent: Vec::new(),
             runtime: None,
         }
     }

@@ -5,18 +5,10 @@ use anyhow::Context as _;
 use bytes::Bytes;
 
 use crate::support::{next, silence, unique};
-use crate::{Capability, Factory, Test, ensure_eq};
+use crate::{Factory, ensure_eq};
 
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        /// Every backplane contract test.
-        pub fn tests() -> Vec<Test> {
-            vec![$(Test { capability: Capability::Backplane, name: stringify!($name), run: |f| Box::pin($name(f)) }),*]
-        }
-    };
-}
-
-tests!(
+crate::contract_tests!(
+    Backplane:
     publish_100_reaches_a_subscriber_in_order,
     every_subscriber_on_every_instance_gets_each_payload,
     a_new_subscriber_gets_no_old_payloads,
@@ -25,6 +17,7 @@ tests!(
     publishing_with_no_subscriber_succeeds,
     an_unsubscribed_subscriber_gets_nothing_and_others_keep_receiving,
     concurrent_close_while_publishing,
+    an_empty_payload_arrives_empty,
 );
 
 async fn publish_100_reaches_a_subscriber_in_order(f: Factory) -> anyhow::Result<()> {
@@ -247,5 +240,26 @@ async fn concurrent_close_while_publishing(f: Factory) -> anyhow::Result<()> {
             "payload {i}"
         );
     }
+    Ok(())
+}
+
+async fn an_empty_payload_arrives_empty(f: Factory) -> anyhow::Result<()> {
+    let a = f.instance().await?;
+    let b = f.instance().await?;
+    let channel = unique("empty");
+    let mut sub = b.backplane()?.subscribe(&channel).await?;
+    let backplane = a.backplane()?;
+    backplane.publish(&channel, Vec::<u8>::new()).await?;
+    backplane.publish(&channel, "after").await?;
+    ensure_eq!(
+        next(&mut sub, "the empty payload").await?,
+        Bytes::new(),
+        "the first payload (zero bytes were published)"
+    );
+    ensure_eq!(
+        next(&mut sub, "the payload after it").await?,
+        Bytes::from("after"),
+        "the payload after the empty one"
+    );
     Ok(())
 }

@@ -2,6 +2,8 @@
 
 /// The memory adapter.
 pub const MEMORY: &str = env!("WRPC_COMPONENT_MEMORY");
+/// The memory adapter naming its store objects its own way (`<name>#<kind>@<prefix>`).
+pub const MEMORY_OTHER_NAMES: &str = env!("WRPC_COMPONENT_MEMORY_OTHER_NAMES");
 /// The memory adapter trapping on every 500th call (chaos for the recovery tests).
 pub const MEMORY_CHAOS: &str = env!("WRPC_COMPONENT_MEMORY_CHAOS");
 /// The runtime probe exporting all four capabilities.

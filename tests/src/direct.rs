@@ -15,20 +15,13 @@ use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use wrpc_broker::{Direct, Error, Incoming, ListenOptions, Listener, Packet, SendOptions};
 
 use crate::support::{ARRIVAL, next, silence, unique};
-use crate::{Capability, Factory, Test, ensure_eq};
+use crate::{Factory, ensure_eq};
 
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        /// Every direct contract test.
-        pub fn tests() -> Vec<Test> {
-            vec![$(Test { capability: Capability::Direct, name: stringify!($name), run: |f| Box::pin($name(f)) }),*]
-        }
-    };
-}
-
-tests!(
+crate::contract_tests!(
+    Direct:
     request_reply_across_two_instances,
     a_packet_arrives_whole,
+    an_empty_packet_arrives_empty,
     inbox_addresses_are_unique_and_routable,
     send_to_an_address_nobody_listens_on_is_unavailable,
     grouped_listeners_on_two_instances_compete,
@@ -166,6 +159,29 @@ async fn a_packet_arrives_whole(f: Factory) -> anyhow::Result<()> {
         .await?;
     let ((), got) = next(&mut rx, "the packet").await?;
     ensure_eq!(got, packet, "the packet as received");
+    Ok(())
+}
+
+async fn an_empty_packet_arrives_empty(f: Factory) -> anyhow::Result<()> {
+    let a = f.instance().await?;
+    let b = f.instance().await?;
+    let address = unique("empty");
+    let (_listener, mut rx) = listen(&b.direct()?, &address, None).await?;
+    let direct = a.direct()?;
+    direct
+        .send(&address, Packet::default(), SendOptions::default())
+        .await?;
+    direct
+        .send(&address, body("after"), SendOptions::default())
+        .await?;
+    let ((), got) = next(&mut rx, "the empty packet").await?;
+    ensure_eq!(
+        got,
+        Packet::default(),
+        "the first packet (an empty one was sent)"
+    );
+    let ((), got) = next(&mut rx, "the packet after it").await?;
+    ensure_eq!(text(&got), "after", "the packet after the empty one");
     Ok(())
 }
 

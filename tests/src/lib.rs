@@ -12,9 +12,12 @@ pub mod support;
 pub mod workload;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
 
 use wrpc_broker::{Broker, Capabilities};
 
@@ -30,13 +33,15 @@ type OpenFn = dyn Fn(Vec<(String, String)>) -> BoxFuture<anyhow::Result<Broker>>
 pub struct Factory {
     open: Arc<OpenFn>,
     refuse_settlements: Option<Arc<RefuseFn>>,
+    features: Features,
 }
 
 /// Makes the broker refuse the next `count` settlements on a queue (a fault-injecting driver).
 type RefuseFn = dyn Fn(&str, u32) + Send + Sync;
 
 impl Factory {
-    /// A factory from a function of the extra `init` options a test asks for.
+    /// A factory from a function of the extra `init` options a test asks for. It has the
+    /// features of [`Features::default`] until told otherwise.
     pub fn new<F, Fut>(open: F) -> Self
     where
         F: Fn(Vec<(String, String)>) -> Fut + Send + Sync + 'static,
@@ -45,7 +50,48 @@ impl Factory {
         Self {
             open: Arc::new(move |options| Box::pin(open(options))),
             refuse_settlements: None,
+            features: Features::default(),
         }
+    }
+
+    /// Host instances on the broker at `url` (every instance on the same broker: one server, or
+    /// one in-process store), through the component at `component` or the adapter embedded for
+    /// the URL, with `options` on every instance. Connects once now, so a broker that does not
+    /// answer fails here. The features are discovered: the driver's fault hook, and count
+    /// retention when the adapter describes `retention.maxEntries`.
+    pub async fn for_url(
+        url: &str,
+        component: Option<PathBuf>,
+        options: Vec<(String, String)>,
+    ) -> anyhow::Result<Factory> {
+        let driver = wrpc_broker::drivers::for_url(url)?;
+        let url = driver.shared_url(url);
+        let connection = driver
+            .connect(&url)
+            .await
+            .with_context(|| format!("the {} broker at {url} must answer", driver.name()))?;
+        let open_url = url.clone();
+        let mut factory = Factory::new(move |extra| {
+            let (url, component, options) = (open_url.clone(), component.clone(), options.clone());
+            async move {
+                let mut builder = Broker::builder().url(&url)?.options(options).options(extra);
+                if let Some(path) = component {
+                    builder = builder.component_file(path);
+                }
+                Ok(builder.open().await?)
+            }
+        });
+        if driver.refuse_settlements(&connection, "", 0) {
+            factory = factory.with_settlement_refusals(move |queue, count| {
+                driver.refuse_settlements(&connection, queue, count);
+            });
+        }
+        let info = factory.instance().await?.info();
+        factory.features.retention_by_count = info
+            .options
+            .iter()
+            .any(|(name, _, _)| name == "retention.maxEntries");
+        Ok(factory)
     }
 
     /// Let tests make the broker refuse settlements: `refuse(queue, count)` refuses the next
@@ -55,7 +101,19 @@ impl Factory {
         refuse: impl Fn(&str, u32) + Send + Sync + 'static,
     ) -> Self {
         self.refuse_settlements = Some(Arc::new(refuse));
+        self.features.refusals = true;
         self
+    }
+
+    /// Declare what the backend has, replacing what was discovered.
+    pub fn with_features(mut self, features: Features) -> Self {
+        self.features = features;
+        self
+    }
+
+    /// What the backend has.
+    pub fn features(&self) -> Features {
+        self.features
     }
 
     /// Refuse the next `count` settlements on `queue`; `false` when this broker has no fault
@@ -85,6 +143,65 @@ impl Factory {
         )
         .await
     }
+}
+
+/// What a backend (a broker with its adapter) has beyond the contracts every one must keep, as
+/// Watermill's `Features`: a test that needs a feature the backend lacks is skipped, saying
+/// why, never failed and never passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Features {
+    /// Log retention by entry count (`retention.maxEntries`); without it, by bytes or age only.
+    pub retention_by_count: bool,
+    /// A fault hook that makes the broker refuse settlements on cue.
+    pub refusals: bool,
+}
+
+/// One feature a test may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// See [`Features::retention_by_count`].
+    RetentionByCount,
+    /// See [`Features::refusals`].
+    Refusals,
+}
+
+impl Features {
+    /// Whether the backend has `feature`.
+    pub fn has(&self, feature: Feature) -> bool {
+        match feature {
+            Feature::RetentionByCount => self.retention_by_count,
+            Feature::Refusals => self.refusals,
+        }
+    }
+}
+
+impl Feature {
+    /// Why a test needing this is skipped on a backend without it.
+    pub fn lacking(self) -> &'static str {
+        match self {
+            Feature::RetentionByCount => {
+                "the backend retains by bytes or age, not by entry count (`retention.maxEntries`)"
+            }
+            Feature::Refusals => "the backend's driver has no fault hook to refuse settlements",
+        }
+    }
+}
+
+/// Declares a capability module's contract tests: `contract_tests!(Log: a, b [RetentionByCount])`
+/// makes its `tests()`, each test named after its function and needing the features in brackets.
+#[macro_export]
+macro_rules! contract_tests {
+    ($capability:ident: $($name:ident $([$($needs:ident),+])?),* $(,)?) => {
+        /// Every contract test of this capability.
+        pub fn tests() -> Vec<$crate::Test> {
+            vec![$($crate::Test {
+                capability: $crate::Capability::$capability,
+                name: stringify!($name),
+                needs: &[$($($crate::Feature::$needs),+)?],
+                run: |f| Box::pin($name(f)),
+            }),*]
+        }
+    };
 }
 
 /// The capability a contract test checks.
@@ -128,8 +245,17 @@ pub struct Test {
     pub capability: Capability,
     /// Its name: the contract sentence it checks, in snake case.
     pub name: &'static str,
+    /// The features it needs beyond the capability.
+    pub needs: &'static [Feature],
     /// The test itself: `Err` says which assertion broke.
     pub run: fn(Factory) -> BoxFuture<anyhow::Result<()>>,
+}
+
+impl Test {
+    /// `capability/name`, as filters match it.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.capability.name(), self.name)
+    }
 }
 
 /// Every contract test, capability by capability.
@@ -148,7 +274,8 @@ pub enum Verdict {
     Pass,
     /// It failed; the message says what broke.
     Fail(String),
-    /// The adapter does not export the capability.
+    /// The adapter does not export the capability, or the backend lacks a feature the test
+    /// needs: the reason.
     Skipped(String),
 }
 
@@ -177,6 +304,43 @@ pub struct RunOptions<'a> {
     pub stop_on_failure: bool,
 }
 
+/// Why `test` is skipped on a backend with `capabilities` and `features`, if it is.
+pub fn skip_reason(
+    test: &Test,
+    capabilities: &Capabilities,
+    features: &Features,
+) -> Option<String> {
+    if !test.capability.offered_by(capabilities) {
+        return Some(format!(
+            "the component does not export `{}`",
+            test.capability.name()
+        ));
+    }
+    test.needs
+        .iter()
+        .find(|f| !features.has(**f))
+        .map(|f| f.lacking().to_string())
+}
+
+/// Run one test against the broker `factory` opens, bounded by [`TEST_TIMEOUT`].
+pub async fn run_one(factory: &Factory, test: &Test, capabilities: &Capabilities) -> Outcome {
+    let started = Instant::now();
+    let verdict = match skip_reason(test, capabilities, &factory.features()) {
+        Some(why) => Verdict::Skipped(why),
+        None => match tokio::time::timeout(TEST_TIMEOUT, (test.run)(factory.clone())).await {
+            Ok(Ok(())) => Verdict::Pass,
+            Ok(Err(e)) => Verdict::Fail(format!("{e:#}")),
+            Err(_) => Verdict::Fail(format!("did not finish within {TEST_TIMEOUT:?}")),
+        },
+    };
+    Outcome {
+        capability: test.capability,
+        name: test.name,
+        verdict,
+        elapsed: started.elapsed(),
+    }
+}
+
 /// Run the selected tests against the broker `factory` opens, one after another; `progress` is
 /// told before each test.
 pub async fn run(
@@ -188,33 +352,14 @@ pub async fn run(
     let capabilities = factory.instance().await?.capabilities();
     let tests: Vec<Test> = all()
         .into_iter()
-        .filter(|t| {
-            filter.is_none_or(|f| format!("{}/{}", t.capability.name(), t.name).contains(f))
-        })
+        .filter(|t| filter.is_none_or(|f| t.path().contains(f)))
         .collect();
     let mut outcomes = Vec::with_capacity(tests.len());
     for (i, test) in tests.iter().enumerate() {
         progress(i, tests.len(), test);
-        let started = Instant::now();
-        let verdict = if !test.capability.offered_by(&capabilities) {
-            Verdict::Skipped(format!(
-                "the component does not export `{}`",
-                test.capability.name()
-            ))
-        } else {
-            match tokio::time::timeout(TEST_TIMEOUT, (test.run)(factory.clone())).await {
-                Ok(Ok(())) => Verdict::Pass,
-                Ok(Err(e)) => Verdict::Fail(format!("{e:#}")),
-                Err(_) => Verdict::Fail(format!("did not finish within {TEST_TIMEOUT:?}")),
-            }
-        };
-        let failed = matches!(verdict, Verdict::Fail(_));
-        outcomes.push(Outcome {
-            capability: test.capability,
-            name: test.name,
-            verdict,
-            elapsed: started.elapsed(),
-        });
+        let outcome = run_one(factory, test, &capabilities).await;
+        let failed = matches!(outcome.verdict, Verdict::Fail(_));
+        outcomes.push(outcome);
         if failed && options.stop_on_failure {
             break;
         }
@@ -268,4 +413,42 @@ pub fn any_failed(outcomes: &[Outcome]) -> bool {
     outcomes
         .iter()
         .any(|o| matches!(o.verdict, Verdict::Fail(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn needing(needs: &'static [Feature]) -> Test {
+        Test {
+            capability: Capability::Log,
+            name: "t",
+            needs,
+            run: |_| Box::pin(async { Ok(()) }),
+        }
+    }
+
+    #[test]
+    fn a_test_is_skipped_with_a_reason_when_the_backend_lacks_what_it_needs() {
+        let all = Capabilities {
+            backplane: true,
+            log: true,
+            queue: true,
+            direct: true,
+        };
+        let none = Features::default();
+        let test = needing(&[Feature::RetentionByCount]);
+        let why = skip_reason(&test, &all, &none).expect("skipped");
+        assert!(why.contains("retains by bytes or age"), "{why}");
+        let with = Features {
+            retention_by_count: true,
+            ..none
+        };
+        assert_eq!(skip_reason(&test, &all, &with), None);
+        let why = skip_reason(&needing(&[Feature::Refusals]), &all, &with).expect("skipped");
+        assert!(why.contains("fault hook"), "{why}");
+        let no_log = Capabilities { log: false, ..all };
+        let why = skip_reason(&needing(&[]), &no_log, &with).expect("skipped");
+        assert!(why.contains("does not export `log`"), "{why}");
+    }
 }

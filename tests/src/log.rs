@@ -10,21 +10,14 @@ use wrpc_broker::bindings::types::Start;
 use wrpc_broker::{AppendOptions, Entry, Error, ReadFrom, Reader};
 
 use crate::support::{next, silence, unique};
-use crate::{Capability, Factory, Test, ensure_eq};
+use crate::{Factory, ensure_eq};
 
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        /// Every log contract test.
-        pub fn tests() -> Vec<Test> {
-            vec![$(Test { capability: Capability::Log, name: stringify!($name), run: |f| Box::pin($name(f)) }),*]
-        }
-    };
-}
-
-tests!(
+crate::contract_tests!(
+    Log:
     adapter_range_pages_are_dense_and_ordered,
     adapter_tail_yields_every_later_entry_once_in_order,
     append_100_with_headers_and_keys_reads_back_in_order,
+    an_empty_value_reads_back_empty,
     read_after_an_id_resumes_strictly_after_it,
     read_after_an_id_works_on_another_instance,
     latest_yields_only_new_entries,
@@ -35,7 +28,7 @@ tests!(
     a_malformed_id_is_bad_request,
     an_id_past_the_tip_is_bad_request,
     an_id_from_another_log_is_gone,
-    an_id_older_than_retention_is_gone,
+    an_id_older_than_retention_is_gone [RetentionByCount],
     concurrent_appends_get_distinct_ids_in_log_order,
 );
 
@@ -72,6 +65,51 @@ fn values(entries: &[Entry]) -> Vec<String> {
 
 fn expected(range: std::ops::Range<usize>) -> Vec<String> {
     range.map(|i| format!("v{i}")).collect()
+}
+
+async fn an_empty_value_reads_back_empty(f: Factory) -> anyhow::Result<()> {
+    let broker = f.instance().await?;
+    let log = broker.log()?;
+    let topic = unique("empty");
+    let empty = AppendOptions {
+        headers: vec![("h".to_string(), Vec::new())],
+        key: None,
+    };
+    let id = log.append(&topic, Vec::<u8>::new(), empty).await?;
+    log.append(&topic, "after", AppendOptions::default())
+        .await?;
+    for (what, from) in [
+        ("from the start", ReadFrom::Earliest),
+        ("live", ReadFrom::Latest),
+    ] {
+        let mut reader = log.read(&topic, from).await?;
+        if matches!(what, "live") {
+            log.append(&topic, Vec::<u8>::new(), AppendOptions::default())
+                .await?;
+            log.append(&topic, "after", AppendOptions::default())
+                .await?;
+        }
+        let entries = take(&mut reader, 2, what).await?;
+        ensure_eq!(
+            entries[0].value.len(),
+            0,
+            "{what}: bytes of the first value (zero)"
+        );
+        ensure_eq!(
+            values(&entries[1..]),
+            vec!["after".to_string()],
+            "{what}: the entry after it"
+        );
+        if matches!(what, "from the start") {
+            ensure_eq!(entries[0].id, id, "{what}: the empty entry's id");
+            ensure_eq!(
+                entries[0].headers,
+                vec![("h".to_string(), Vec::new())],
+                "{what}: the empty header"
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn adapter_range_pages_are_dense_and_ordered(f: Factory) -> anyhow::Result<()> {

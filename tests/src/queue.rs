@@ -13,19 +13,12 @@ use wrpc_broker::bindings::queue::{ConsumeOptions as RawOptions, Settlement};
 use wrpc_broker::{ConsumeOptions, Delivery, Error, ProduceOptions, Queue, Settled};
 
 use crate::support::{ARRIVAL, SILENCE, recv, unique};
-use crate::{Capability, Factory, Test, ensure_eq};
+use crate::{Factory, ensure_eq};
 
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        /// Every queue contract test.
-        pub fn tests() -> Vec<Test> {
-            vec![$(Test { capability: Capability::Queue, name: stringify!($name), run: |f| Box::pin($name(f)) }),*]
-        }
-    };
-}
-
-tests!(
+crate::contract_tests!(
+    Queue:
     produce_consume_100_with_headers,
+    an_empty_body_is_delivered_empty,
     competing_consumers_on_two_instances_share_the_work,
     prefetch_bounds_unsettled_deliveries_handled_concurrently,
     ack_is_final,
@@ -37,7 +30,7 @@ tests!(
     the_adapter_refuses_a_second_settlement_of_one_tag,
     a_stopped_consumer_hands_unsettled_work_to_another,
     a_thousand_messages_with_random_failures_all_handled,
-    refused_settlements_hand_the_message_back_and_mark_unhealthy,
+    refused_settlements_hand_the_message_back_and_mark_unhealthy [Refusals],
     depth_counts_what_is_not_done_waiting_delayed_or_unsettled,
 );
 
@@ -115,6 +108,49 @@ async fn until_seen(seen: &Seen, count: usize, what: &str) -> anyhow::Result<()>
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    Ok(())
+}
+
+async fn an_empty_body_is_delivered_empty(f: Factory) -> anyhow::Result<()> {
+    let broker = f.instance().await?;
+    let queue = broker.queue()?;
+    let name = unique("empty");
+    let empty = ProduceOptions {
+        headers: vec![("h".to_string(), Vec::new())],
+    };
+    queue.produce(&name, Vec::<u8>::new(), empty).await?;
+    queue
+        .produce(&name, "after", ProduceOptions::default())
+        .await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer = queue
+        .consume(
+            &name,
+            move |d: Delivery| {
+                let sent = tx.send((d.body.clone(), d.headers.clone()));
+                async move { Ok(sent?) }
+            },
+            ConsumeOptions {
+                prefetch: 1,
+                dead_letter: None,
+            },
+        )
+        .await?;
+    let first = recv(&mut rx, "the empty message").await;
+    let second = recv(&mut rx, "the message after it").await;
+    consumer.stop().await;
+    let (body, headers) = first?;
+    ensure_eq!(
+        body.len(),
+        0,
+        "bytes of the first body (zero were produced)"
+    );
+    ensure_eq!(
+        headers,
+        vec![("h".to_string(), Vec::new())],
+        "the empty message's headers"
+    );
+    ensure_eq!(second?.0, b"after".to_vec(), "the body after the empty one");
     Ok(())
 }
 
@@ -861,7 +897,7 @@ async fn refused_settlements_hand_the_message_back_and_mark_unhealthy(
     ensure!(consumer.healthy().await, "healthy before any refusal");
     if !f.refuse_settlements(&name, 4) {
         consumer.stop().await;
-        bail!("this broker has no fault injection: cannot refuse settlements on cue");
+        bail!("the backend declares a fault hook but refused to arm it");
     }
     queue
         .produce(&name, "job2", ProduceOptions::default())

@@ -1,77 +1,15 @@
-//! The contract suite against the memory adapter component loaded from its `.wasm` file, and
-//! against every mutant memory adapter, on which the suite must fail.
+//! The contract suite against every mutant memory adapter, on which the suite must fail (the
+//! memory adapter itself passes it in `tests/contract.rs`).
 
-use wrpc_broker::drivers::memory::Fault;
-use wrpc_broker::{Broker, MemoryStore};
-use wrpc_broker_contract::{Factory, RunOptions, Verdict, any_failed, components, report, run};
-
-/// Host instances of the component at `path`, all on one fresh memory broker, whose store can
-/// be told to refuse settlements.
-fn memory_factory(path: &'static str) -> Factory {
-    let store = MemoryStore::new();
-    let faults = store.clone();
-    Factory::new(move |options| {
-        let store = store.clone();
-        async move {
-            Ok(Broker::builder()
-                .component_file(path)
-                .memory_store(store)
-                .options(options)
-                .open()
-                .await?)
-        }
-    })
-    .with_settlement_refusals(move |queue, count| {
-        faults.inject(Fault::RefuseSettlements {
-            queue: format!("wrpc/queue/{queue}"),
-            count,
-        })
-    })
-}
+use wrpc_broker_contract::{Factory, RunOptions, Verdict, components, report, run};
 
 async fn suite(path: &'static str, options: RunOptions<'_>) -> Vec<wrpc_broker_contract::Outcome> {
-    run(&memory_factory(path), options, |_, _, _| {})
+    let factory = Factory::for_url("memory://", Some(path.into()), Vec::new())
+        .await
+        .expect("a memory broker");
+    run(&factory, options, |_, _, _| {})
         .await
         .expect("the suite runs")
-}
-
-fn only(filter: &str) -> RunOptions<'_> {
-    RunOptions {
-        filter: Some(filter),
-        stop_on_failure: false,
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn log_contract_on_memory() {
-    let outcomes = suite(components::MEMORY, only("log/")).await;
-    println!("{}", report(&outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_contract_on_memory() {
-    let outcomes = suite(components::MEMORY, only("queue/")).await;
-    println!("{}", report(&outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_contract_on_memory() {
-    let outcomes = suite(components::MEMORY, only("direct/")).await;
-    println!("{}", report(&outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backplane_contract_on_memory() {
-    let outcomes = suite(components::MEMORY, only("backplane/")).await;
-    println!("{}", report(&outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
 }
 
 /// The suite must fail on the mutant `name` (stopping at the first failure it finds).
@@ -129,4 +67,33 @@ mutants!(
     the_suite_catches_a_lost_retry => "lose-retry",
     the_suite_catches_a_second_settlement_winning => "second-settlement-wins",
     the_suite_catches_a_stop_that_drops_what_reached_the_listener => "drop-on-stop",
+    the_suite_catches_dropped_zero_length_messages => "drop-empty",
 );
+
+/// Each capability's zero-length test fails on the adapter that drops zero-length messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_zero_length_test_fails_on_the_adapter_that_drops_them() {
+    let path = components::MUTANTS
+        .iter()
+        .find(|(mutant, _)| *mutant == "drop-empty")
+        .map(|(_, path)| *path)
+        .expect("the drop-empty mutant");
+    let outcomes = suite(path, RunOptions::default()).await;
+    let zero_length = [
+        "log/an_empty_value_reads_back_empty",
+        "queue/an_empty_body_is_delivered_empty",
+        "direct/an_empty_packet_arrives_empty",
+        "backplane/an_empty_payload_arrives_empty",
+    ];
+    for test in zero_length {
+        let outcome = outcomes
+            .iter()
+            .find(|o| format!("{}/{}", o.capability.name(), o.name) == test)
+            .unwrap_or_else(|| panic!("no test {test}"));
+        assert!(
+            matches!(outcome.verdict, Verdict::Fail(_)),
+            "{test} passed on the drop-empty mutant:\n{}",
+            report(&outcomes)
+        );
+    }
+}

@@ -1,12 +1,9 @@
-//! The contract suite against the NATS adapter (the component embedded in the host with the
-//! `nats` feature) on a real `nats-server -js` at 127.0.0.1:4222, plus a restart test on a
-//! server of its own (killed and restarted mid queue run and mid log read: nothing lost) and a
-//! long-handler test (kept alive past `ack_wait` with `+WPI`). A missing server fails these
-//! tests: they are never skipped.
-//!
-//! Each test function works under a prefix of its own and deletes its streams at the end, so
-//! runs leave nothing behind on the shared server. Refused settlements come from the driver's
-//! fault hook ([`NatsDriver::refuse_next`]) on the queue's `$JS.ACK.<stream>.` subjects.
+//! The NATS adapter beyond the contract suite (which `tests/contract.rs` runs against it): a
+//! restart test on a server of its own (killed and restarted mid queue run and mid log read:
+//! nothing lost) and a long-handler test (kept alive past `ack_wait` with `+WPI`) on the
+//! `nats-server -js` at 127.0.0.1:4222. A missing server fails these tests: they are never
+//! skipped. The long-handler test works under a prefix of its own and deletes its streams at
+//! the end, so runs leave nothing behind on the shared server.
 
 use std::collections::BTreeSet;
 use std::net::TcpStream;
@@ -17,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use wrpc_broker::drivers::nats::NatsDriver;
-use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, Delivery, ProduceOptions, ReadFrom};
-use wrpc_broker_contract::{Factory, Outcome, RunOptions, any_failed, report, run};
+use wrpc_broker::{AppendOptions, ConsumeOptions, Delivery, ProduceOptions, ReadFrom};
+use wrpc_broker_contract::Factory;
 
 /// The shared server the suite runs against.
 const URL: &str = "nats://127.0.0.1:4222";
@@ -50,25 +47,14 @@ fn require_server(port: u16) {
     }
 }
 
-/// Host instances of the NATS adapter at `url`, all under `prefix`, with refusals on cue.
-fn nats_factory(url: &'static str, prefix: &str, extra: Vec<(String, String)>) -> Factory {
-    let (open_prefix, refuse_prefix) = (prefix.to_string(), prefix.to_string());
-    Factory::new(move |options| {
-        let (prefix, extra) = (open_prefix.clone(), extra.clone());
-        async move {
-            Ok(Broker::builder()
-                .url(url)?
-                .option("prefix", prefix)
-                .options(extra)
-                .options(options)
-                .open()
-                .await?)
-        }
-    })
-    .with_settlement_refusals(move |queue, count| {
-        // Queue names in the suite are `[A-Za-z0-9-]`, which the stream name keeps as is.
-        NatsDriver::refuse_next(&format!("$JS.ACK.{refuse_prefix}_q_{queue}."), count)
-    })
+/// Host instances of the NATS adapter at `url`, all under `prefix` (a missing server fails
+/// here).
+async fn nats_factory(url: &str, prefix: &str, extra: Vec<(String, String)>) -> Factory {
+    let mut options = vec![("prefix".to_string(), prefix.to_string())];
+    options.extend(extra);
+    Factory::for_url(url, None, options)
+        .await
+        .unwrap_or_else(|e| panic!("the NATS server at {url} must be running: {e:#}"))
 }
 
 /// Delete every stream under `prefix` on the server at `url`.
@@ -99,55 +85,6 @@ async fn delete_streams(url: &str, prefix: &str) {
                 .await;
         }
     }
-}
-
-/// Run the suite's tests whose name contains `filter` against the shared server.
-async fn suite(filter: &str) -> Vec<Outcome> {
-    require_server(4222);
-    let prefix = fresh_prefix();
-    let factory = nats_factory(URL, &prefix, Vec::new());
-    let options = RunOptions {
-        filter: Some(filter),
-        stop_on_failure: false,
-    };
-    let outcomes = run(&factory, options, |_, _, _| {})
-        .await
-        .expect("the suite runs");
-    delete_streams(URL, &prefix).await;
-    outcomes
-}
-
-fn check(outcomes: &[Outcome]) {
-    println!("{}", report(outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| !matches!(o.verdict, wrpc_broker_contract::Verdict::Skipped(_))),
-        "nothing may be skipped on NATS:\n{}",
-        report(outcomes)
-    );
-    assert!(!any_failed(outcomes), "{}", report(outcomes));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn log_contract_on_nats() {
-    check(&suite("log/").await);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_contract_on_nats() {
-    check(&suite("queue/").await);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_contract_on_nats() {
-    check(&suite("direct/").await);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backplane_contract_on_nats() {
-    check(&suite("backplane/").await);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -235,7 +172,7 @@ impl Drop for OwnServer {
 async fn a_server_restart_loses_nothing() {
     let mut server = OwnServer::start();
     let url: &'static str = format!("nats://127.0.0.1:{}", server.port).leak();
-    let factory = nats_factory(url, "wrpc", vec![("queue.ackWaitMs".into(), "2000".into())]);
+    let factory = nats_factory(url, "wrpc", vec![("queue.ackWaitMs".into(), "2000".into())]).await;
     let broker = factory.instance().await.expect("a host instance");
     let other = factory.instance().await.expect("a second host instance");
 
@@ -367,7 +304,7 @@ async fn a_server_restart_loses_nothing() {
 async fn a_long_handler_is_kept_alive_past_ack_wait() {
     require_server(4222);
     let prefix = fresh_prefix();
-    let factory = nats_factory(URL, &prefix, vec![("queue.ackWaitMs".into(), "600".into())]);
+    let factory = nats_factory(URL, &prefix, vec![("queue.ackWaitMs".into(), "600".into())]).await;
     let a = factory.instance().await.expect("a host instance");
     let b = factory.instance().await.expect("a second host instance");
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();

@@ -1,6 +1,6 @@
-//! The contract suite against the Redis adapter embedded in the host (`redis://` URLs), on the
-//! Redis server at 127.0.0.1:6379 — a missing server is a failure, never a skip — plus a
-//! restart test on a server of its own and an interop test with a plain Redis client.
+//! The Redis adapter beyond the contract suite (which `tests/contract.rs` runs against it): a
+//! restart test on a server of its own and an interop test with a plain Redis client, on the
+//! Redis server at 127.0.0.1:6379 — a missing server is a failure, never a skip.
 //!
 //! Two host instances of the suite are two `Broker`s, each with its own driver connections,
 //! on one server: like two processes of one deployment. Valkey, KeyDB and Dragonfly speak the
@@ -14,78 +14,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use wrpc_broker::drivers::redis::RedisDriver;
 use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, Delivery, ProduceOptions, ReadFrom};
-use wrpc_broker_contract::{Factory, RunOptions, any_failed, report, run};
+use wrpc_broker_contract::Factory;
 
 /// The shared server (nothing on disk: `--save ""`, no AOF).
 fn url() -> String {
     std::env::var("WRPC_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string())
 }
 
-/// Host instances of the embedded Redis adapter on `url`, with extra options; settlements
-/// can be refused through the driver's fault injector (shared by every driver of the URL).
+/// Host instances of the embedded Redis adapter on `url`, with extra options (a missing server
+/// fails here).
 async fn redis_factory(url: String, extra: &'static [(&'static str, &'static str)]) -> Factory {
-    let faults = RedisDriver::connect(&url)
+    let extra = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Factory::for_url(&url, None, extra)
         .await
-        .unwrap_or_else(|e| panic!("the Redis server at {url} must be running: {e}"));
-    let open_url = url.clone();
-    Factory::new(move |options| {
-        let url = open_url.clone();
-        async move {
-            Ok(Broker::builder()
-                .url(&url)?
-                .options(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-                .options(options)
-                .open()
-                .await?)
-        }
-    })
-    .with_settlement_refusals(move |queue, count| {
-        // The settle script call on this queue's stream (see adapters/redis/src/queue.rs).
-        faults.refuse_next(&format!("*{{wrpc}}:q:{queue} *wrpc-settle*"), count)
-    })
-}
-
-async fn contract(filter: &str) {
-    let factory = redis_factory(url(), &[]).await;
-    let options = RunOptions {
-        filter: Some(filter),
-        stop_on_failure: false,
-    };
-    let outcomes = run(&factory, options, |_, _, _| {})
-        .await
-        .expect("the suite runs");
-    println!("{}", report(&outcomes));
-    assert!(!outcomes.is_empty());
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| !matches!(o.verdict, wrpc_broker_contract::Verdict::Skipped(_))),
-        "nothing may be skipped on Redis:\n{}",
-        report(&outcomes)
-    );
-    assert!(!any_failed(&outcomes), "{}", report(&outcomes));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn log_contract_on_redis() {
-    contract("log/").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_contract_on_redis() {
-    contract("queue/").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_contract_on_redis() {
-    contract("direct/").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backplane_contract_on_redis() {
-    contract("backplane/").await;
+        .unwrap_or_else(|e| panic!("the Redis server at {url} must be running: {e:#}"))
 }
 
 /// What the log wrote is plain Redis: `XRANGE` with the `redis` crate reads it back.

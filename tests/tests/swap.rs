@@ -38,7 +38,9 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
     let builder = Broker::builder().url(url).unwrap().options(options.clone());
     (
         builder,
-        wrpc_broker::broker::embedded_adapter(url).unwrap().to_vec(),
+        wrpc_broker::drivers::embedded_adapter(url)
+            .unwrap()
+            .to_vec(),
         options,
     )
 }

@@ -19,6 +19,8 @@ impl Guest for Component {
     async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
         let config = config()?;
         let name = config.name("chan", &channel)?;
+        #[cfg(feature = "mutant-drop-empty")]
+        let payloads: Vec<Vec<u8>> = payloads.into_iter().filter(|p| !p.is_empty()).collect();
         #[cfg(feature = "mutant-replay-backplane")]
         if let Some(last) = payloads.last() {
             LAST.with_borrow_mut(|m| m.insert(name.clone(), last.clone()));

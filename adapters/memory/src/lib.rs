@@ -104,6 +104,9 @@ impl Config {
         if name.is_empty() {
             return Err(Error::bad_request(format!("empty {kind} name")));
         }
+        if cfg!(feature = "other-names") {
+            return Ok(format!("{name}#{kind}@{}", self.prefix));
+        }
         Ok(format!("{}/{kind}/{name}", self.prefix))
     }
 }

@@ -110,6 +110,11 @@ fn bend(entries: Vec<LogEntry>, _held: &mut Option<LogEntry>, _live: bool) -> Ve
         }
         out
     };
+    #[cfg(feature = "mutant-drop-empty")]
+    let entries: Vec<LogEntry> = entries
+        .into_iter()
+        .filter(|e| !e.value.is_empty())
+        .collect();
     entries
 }
 

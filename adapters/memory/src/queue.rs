@@ -302,6 +302,8 @@ impl Consumer {
 impl Guest for Component {
     async fn produce(queue: String, batch: Vec<Message>) -> Result<(), Error> {
         let name = config()?.name("queue", &queue)?;
+        #[cfg(feature = "mutant-drop-empty")]
+        let batch: Vec<Message> = batch.into_iter().filter(|m| !m.body.is_empty()).collect();
         if batch.is_empty() {
             return Ok(());
         }

@@ -46,6 +46,23 @@ pub enum Native {
 }
 
 impl Native {
+    /// The native side of the broker `driver` names at `url` (`connection` is a connection of
+    /// that driver: the store itself on memory), when the bench has one.
+    async fn for_broker(
+        driver: &str,
+        url: &str,
+        connection: &wrpc_broker::drivers::Lent,
+    ) -> anyhow::Result<Option<Native>> {
+        Ok(match driver {
+            "memory" => connection
+                .get::<Arc<MemoryStore>>()
+                .map(|store| Native::Memory(memory::Native::new(store.clone()))),
+            "redis" => Some(Native::Redis(redis_native::Native::new(url)?)),
+            "nats" => Some(Native::Nats(nats_native::Native::new(url).await?)),
+            _ => None,
+        })
+    }
+
     async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Option<Sample>> {
         match self {
             Native::Memory(n) => n.log_append(setup, in_flight).await.map(Some),
@@ -116,11 +133,8 @@ pub struct Setup {
     pub slice: Duration,
 }
 
-async fn open(config: &BenchConfig, store: Option<Arc<MemoryStore>>) -> anyhow::Result<Broker> {
-    let mut builder = Broker::builder().url(&config.broker)?;
-    if let Some(store) = store {
-        builder = builder.memory_store(store);
-    }
+async fn open(config: &BenchConfig, url: &str) -> anyhow::Result<Broker> {
+    let mut builder = Broker::builder().url(url)?;
     if let Some(adapter) = &config.adapter {
         builder = builder.component_file(adapter);
     }
@@ -129,20 +143,14 @@ async fn open(config: &BenchConfig, store: Option<Arc<MemoryStore>>) -> anyhow::
 
 /// Run every operation and return the rows, printing progress to stderr.
 pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
-    let store = config.broker.starts_with("memory").then(MemoryStore::new);
+    // Both instances and the native side on one broker (a named store on memory).
+    let driver = wrpc_broker::drivers::for_url(&config.broker)?;
+    let url = driver.shared_url(&config.broker);
+    let connection = driver.connect(&url).await?;
     let setup = Setup {
-        a: open(config, store.clone()).await?,
-        b: open(config, store.clone()).await?,
-        native: match store {
-            Some(store) => Some(Native::Memory(memory::Native::new(store))),
-            None if config.broker.starts_with("redis") => {
-                Some(Native::Redis(redis_native::Native::new(&config.broker)?))
-            }
-            None if config.broker.starts_with("nats") => Some(Native::Nats(
-                nats_native::Native::new(&config.broker).await?,
-            )),
-            None => None,
-        },
+        a: open(config, &url).await?,
+        b: open(config, &url).await?,
+        native: Native::for_broker(driver.name(), &url, &connection).await?,
         payload: vec![b'x'; config.size],
         slice: config.duration / (2 * ROUNDS),
     };
@@ -251,7 +259,7 @@ pub struct SwapPause {
 async fn swap_pause(setup: &Setup, config: &BenchConfig) -> anyhow::Result<SwapPause> {
     let wasm = match &config.adapter {
         Some(path) => std::fs::read(path)?,
-        None => wrpc_broker::broker::embedded_adapter(&config.broker)
+        None => wrpc_broker::drivers::embedded_adapter(&config.broker)
             .context("no embedded adapter")?
             .to_vec(),
     };
@@ -571,8 +579,8 @@ async fn load_times(config: &BenchConfig) -> anyhow::Result<LoadTimes> {
     let (name, bytes) = match &config.adapter {
         Some(path) => (path.display().to_string(), std::fs::read(path)?),
         None => {
-            let scheme = config.broker.split("://").next().unwrap_or("memory");
-            let bytes = wrpc_broker::broker::embedded_adapter(&config.broker)
+            let scheme = wrpc_broker::drivers::scheme(&config.broker);
+            let bytes = wrpc_broker::drivers::embedded_adapter(&config.broker)
                 .context("no embedded adapter")?;
             (format!("embedded {scheme} adapter"), bytes.to_vec())
         }

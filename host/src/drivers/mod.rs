@@ -1,68 +1,141 @@
 //! Drivers: the only code that touches a broker. Each is a small async mirror of a native client,
 //! exposed to components as its own WIT package and lent only to the components the operator
-//! configured it for. One module per driver.
+//! configured it for.
+//!
+//! Like Spin's host factors: one trait ([`Driver`]) says what a driver is — its URL schemes, the
+//! WIT interface it serves, how it connects from a URL and links into a Store, the adapter
+//! embedded for its URLs, its fault hook — and one table ([`registry`]) lists the drivers of this
+//! build. Everything else (the builder, `check`, `bench`, `demo`, `inspect`) finds a broker
+//! through the table; a new broker is a new module here and one line in [`registry`].
 
+pub mod faults;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 
-use wasmtime::component::Linker;
+use crate::error::{Error, Result};
+pub use crate::runtime::{DriverConnections, Lent, LinkFn};
 
-use crate::runtime::sandbox::Ctx;
-use memory::MemoryStore;
+/// A boxed future a driver returns from [`Driver::connect`].
+pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = Result<Lent>> + Send + 'a>>;
 
-/// The broker connections lent to one adapter: only what the operator configured.
-#[derive(Clone, Default, Debug)]
-pub struct DriverConnections {
-    /// The in-process memory broker (`wrpc:memory/store`).
-    pub memory: Option<Arc<MemoryStore>>,
-    /// A Redis connection (`wrpc:redis/client`).
-    #[cfg(feature = "redis")]
-    pub redis: Option<redis::RedisDriver>,
-    /// A NATS connection (`wrpc:nats/client`).
-    #[cfg(feature = "nats")]
-    pub nats: Option<nats::NatsDriver>,
+/// One kind of broker connection the host can lend to adapter components.
+pub trait Driver: Send + Sync + 'static {
+    /// Its name, as in messages and `--broker` help (`redis`).
+    fn name(&self) -> &'static str;
+
+    /// The URL schemes it serves (`redis`, `rediss`).
+    fn schemes(&self) -> &'static [&'static str];
+
+    /// The WIT interface it provides, without version (`wrpc:redis/client`).
+    fn interface(&self) -> &'static str;
+
+    /// The adapter component embedded in the host for its URLs.
+    fn embedded_adapter(&self) -> &'static [u8];
+
+    /// Links its interface into a component's linker.
+    fn linker(&self) -> LinkFn;
+
+    /// Connect to the broker at `url` (the first connection is made now, so a wrong URL or a
+    /// server that is down fails here).
+    fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a>;
+
+    /// A URL that opens the same broker for every host instance opened on it. For a server that
+    /// is its URL; the memory driver names an in-process store (`memory://` alone makes a
+    /// fresh one each time).
+    fn shared_url(&self, url: &str) -> String {
+        url.to_string()
+    }
+
+    /// The fault hook for tests: make the broker behind `connection` refuse the next `count`
+    /// settlements of messages of `queue` (wherever the adapter keeps them). `false` when the
+    /// driver has none.
+    fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
+        let _ = (connection, queue, count);
+        false
+    }
 }
 
-/// Every driver interface the host knows (built in or not), by WIT name without version.
-pub const DRIVER_INTERFACES: &[&str] = &[
-    memory::INTERFACE,
-    "wrpc:redis/client",
-    "wrpc:nats/client",
-    "wrpc:amqp/client",
-    "wrpc:kafka/client",
-];
-
-impl DriverConnections {
-    /// Whether the driver behind `interface` (a WIT name without version) is configured.
-    pub fn grants(&self, interface: &str) -> bool {
-        match interface {
-            memory::INTERFACE => self.memory.is_some(),
-            #[cfg(feature = "redis")]
-            redis::INTERFACE => self.redis.is_some(),
-            #[cfg(feature = "nats")]
-            nats::INTERFACE => self.nats.is_some(),
-            _ => false,
-        }
-    }
-
-    /// Link the configured drivers' imports, and only those.
-    pub(crate) fn add_to_linker(&self, linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
-        if self.memory.is_some() {
-            memory::add_to_linker(linker)?;
-        }
+/// Every driver of this build, memory first.
+pub fn registry() -> &'static [&'static dyn Driver] {
+    &[
+        &memory::MemoryDriver,
         #[cfg(feature = "redis")]
-        if self.redis.is_some() {
-            redis::add_to_linker(linker)?;
-        }
+        &redis::Redis,
         #[cfg(feature = "nats")]
-        if self.nats.is_some() {
-            nats::add_to_linker(linker)?;
+        &nats::Nats,
+    ]
+}
+
+/// The scheme of `url` (`redis` of `redis://host`); a bare word is a scheme too.
+pub fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or(url, |(scheme, _)| scheme)
+}
+
+/// The driver serving `url`'s scheme, or a bad request listing what this build supports.
+pub fn for_url(url: &str) -> Result<&'static dyn Driver> {
+    let scheme = scheme(url);
+    registry()
+        .iter()
+        .copied()
+        .find(|d| d.schemes().contains(&scheme))
+        .ok_or_else(|| {
+            Error::BadRequest(format!(
+                "broker URL scheme `{scheme}` is not supported by this build (supported: {})",
+                supported_schemes().join(", ")
+            ))
+        })
+}
+
+/// The driver whose connections serve `lent`.
+pub fn of(lent: &Lent) -> Option<&'static dyn Driver> {
+    registry()
+        .iter()
+        .copied()
+        .find(|d| d.interface() == lent.interface())
+}
+
+/// The URL schemes this build understands.
+pub fn supported_schemes() -> Vec<&'static str> {
+    registry()
+        .iter()
+        .flat_map(|d| d.schemes().iter().copied())
+        .collect()
+}
+
+/// Every driver interface this host has, by WIT name without version, for import checks.
+pub fn interfaces() -> Vec<&'static str> {
+    registry().iter().map(|d| d.interface()).collect()
+}
+
+/// The adapter component embedded in this build for the broker at `url`, if any.
+pub fn embedded_adapter(url: &str) -> Option<&'static [u8]> {
+    for_url(url).ok().map(|d| d.embedded_adapter())
+}
+
+/// Connect to every URL in `urls` (unless a connection serving its driver is in `lent`
+/// already), and hand the lot out as the connections of one adapter.
+pub async fn connect_all(urls: &[String], mut lent: Vec<Lent>) -> Result<DriverConnections> {
+    for url in urls {
+        let driver = for_url(url)?;
+        if !lent.iter().any(|l| l.interface() == driver.interface()) {
+            lent.push(driver.connect(url).await?);
         }
-        Ok(())
     }
+    Ok(DriverConnections::new(lent, interfaces()))
+}
+
+/// Every driver's interface linked but none connected: enough to load any adapter and call
+/// its `describe` (which touches no broker); a driver call fails as not configured.
+pub fn unconnected() -> DriverConnections {
+    let lent = registry()
+        .iter()
+        .map(|d| Lent::new(d.interface(), (), d.linker()))
+        .collect();
+    DriverConnections::new(lent, interfaces())
 }

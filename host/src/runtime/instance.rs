@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::Accessor;
 use wasmtime::{Store, UpdateDeadline};
 
+use super::lent::DriverConnections;
 use super::loader::{Capabilities, Exports, SharedComponent};
 use super::sandbox::{Ctx, EPOCH_TICK, Limits};
 use super::trace::TargetLogger;
 use crate::bindings::adapter;
-use crate::drivers::DriverConnections;
 use crate::error::{Error, Result};
 use crate::ids::IdGenerator;
 

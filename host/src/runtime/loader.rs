@@ -10,9 +10,9 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Config, Engine};
 
 use super::cache::{ComponentCache, Origin};
+use super::lent::DriverConnections;
 use super::sandbox::{Ctx, EPOCH_TICK};
 use crate::bindings::{self, adapter, backplane, direct, log, queue};
-use crate::drivers::{DRIVER_INTERFACES, DriverConnections};
 use crate::error::{Error, Result};
 
 /// The WIT interfaces of the four capabilities, as exported by a component.
@@ -96,6 +96,7 @@ impl Runtime {
         drivers: &DriverConnections,
     ) -> Result<AdapterComponent> {
         let started = Instant::now();
+        binary_component(wasm).map_err(|e| Error::Load(format!("{source}: {e}")))?;
         let (component, origin) = self
             .cache
             .load(&self.engine, wasm)
@@ -143,6 +144,23 @@ fn spawn_epoch_ticker(engine: &Engine) {
         .expect("spawning the epoch ticker thread");
 }
 
+/// Refuse anything but a binary WebAssembly component, saying what it is instead.
+fn binary_component(wasm: &[u8]) -> std::result::Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    match wasm.get(4..8) {
+        _ if !wasm.starts_with(MAGIC) => Err(
+            "not a WebAssembly component (the file does not start with the `\\0asm` header)".into(),
+        ),
+        // Version 1, layer 0: a core module.
+        Some([1, 0, 0, 0]) => Err("not a WebAssembly component: a core WebAssembly module \
+             (make a component of it with `wasm-tools component new`)"
+            .into()),
+        // Layer 1: a component (the version moves with the component-model draft).
+        Some([_, _, 1, 0]) => Ok(()),
+        _ => Err("not a WebAssembly component (an unknown WebAssembly version or layer)".into()),
+    }
+}
+
 /// Refuse any import the host does not link, or a driver the operator did not configure.
 fn check_imports(
     engine: &Engine,
@@ -157,7 +175,7 @@ fn check_imports(
             || interface == "wrpc:broker/types"
             || drivers.grants(interface);
         if !allowed {
-            return Err(if DRIVER_INTERFACES.contains(&interface) {
+            return Err(if drivers.knows(interface) {
                 format!(
                     "the component imports the driver `{name}`, which the operator did not configure for it"
                 )
@@ -323,3 +341,24 @@ impl std::fmt::Debug for AdapterComponent {
 
 /// A loaded component shared by the instances started from it.
 pub type SharedComponent = Arc<AdapterComponent>;
+
+#[cfg(test)]
+mod tests {
+    use super::binary_component;
+
+    #[test]
+    fn only_a_binary_component_passes_the_header_check() {
+        let component = [b"\0asm".as_slice(), &[0x0d, 0, 1, 0]].concat();
+        assert!(binary_component(&component).is_ok());
+        let module = [b"\0asm".as_slice(), &[1, 0, 0, 0]].concat();
+        assert!(
+            binary_component(&module)
+                .unwrap_err()
+                .contains("a core WebAssembly module")
+        );
+        for other in [b"(component)".as_slice(), b"", b"\0as", b"ELF\x7f...."] {
+            let why = binary_component(other).unwrap_err();
+            assert!(why.starts_with("not a WebAssembly component"), "{why}");
+        }
+    }
+}

@@ -5,6 +5,7 @@ pub mod cache;
 mod calls;
 mod host_impl;
 pub mod instance;
+pub mod lent;
 pub mod loader;
 pub mod sandbox;
 pub mod streams;
@@ -12,5 +13,6 @@ pub mod trace;
 
 pub use cache::{ComponentCache, Origin};
 pub use instance::{AdapterInfo, AdapterInstance, InstanceConfig, describe};
+pub use lent::{DriverConnections, Lent, LinkFn};
 pub use loader::{AdapterComponent, Capabilities, Exports, Runtime};
 pub use sandbox::Limits;

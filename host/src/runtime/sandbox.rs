@@ -13,8 +13,8 @@ use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::lent::DriverConnections;
 use super::trace::TargetLogger;
-use crate::drivers::DriverConnections;
 use crate::ids::IdGenerator;
 
 /// How long one epoch tick lasts; the CPU slice is counted in ticks.

@@ -30,7 +30,7 @@ fn no_driver() -> wasmtime::Error {
 impl Ctx {
     fn memory(&mut self) -> wasmtime::Result<&Arc<MemoryStore>> {
         self.progress();
-        self.drivers.memory.as_ref().ok_or_else(no_driver)
+        self.drivers.get::<Arc<MemoryStore>>().ok_or_else(no_driver)
     }
 }
 

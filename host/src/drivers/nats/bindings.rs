@@ -30,7 +30,7 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
 impl Ctx {
     fn nats(&mut self) -> wasmtime::Result<NatsDriver> {
         self.progress();
-        self.drivers.nats.clone().ok_or_else(|| {
+        self.drivers.get::<NatsDriver>().cloned().ok_or_else(|| {
             wasmtime::Error::msg("the NATS driver is not configured for this adapter")
         })
     }
@@ -66,6 +66,7 @@ fn header_map(headers: wit::Headers) -> Result<Option<HeaderMap>, wit::NatsError
 
 /// A NATS message as the WIT record.
 fn message(m: async_nats::Message) -> wit::Message {
+    faults::saw(&m);
     let headers = m
         .headers
         .iter()
@@ -86,12 +87,10 @@ fn message(m: async_nats::Message) -> wit::Message {
     }
 }
 
-/// Fail with `refused` when a test armed a refusal for `subject`.
+/// Fail with `refused` when `subject` settles a message of a queue a test armed a refusal for.
 fn check_faults(subject: &str) -> Result<(), wit::NatsError> {
-    if faults::refuse(subject) {
-        return Err(wit::NatsError::Refused(format!(
-            "{subject}: refused by fault injection"
-        )));
+    if let Some(why) = faults::refuse(subject) {
+        return Err(wit::NatsError::Refused(format!("{subject}: {why}")));
     }
     Ok(())
 }

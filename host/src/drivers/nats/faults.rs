@@ -1,44 +1,51 @@
-//! The fault hook: refusals armed by tests, consulted on every publish and request. One table
-//! for the whole process (tests open brokers through URLs, so they never hold the driver), and
-//! free when nothing is armed.
+//! The fault hook: settlement refusals armed by tests. One table for the whole process (tests
+//! open brokers through URLs, so they never hold the driver), free when nothing is armed.
+//!
+//! A settlement is a publish or request to a JetStream acknowledgement subject (`$JS.ACK.…`)
+//! of a message of an armed queue: one whose ack subject names the queue (its stream or
+//! consumer), or one the driver delivered from a subject that names it. So the hook does not
+//! depend on how an adapter names its streams.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
-/// Whether any refusal is armed (checked without the lock on every call).
-static ARMED: AtomicBool = AtomicBool::new(false);
-/// Armed refusals: (subject prefix, how many calls still to refuse).
-static REFUSALS: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+use crate::drivers::faults::SettlementRefusals;
 
-/// Refuse the next `count` calls on subjects starting with `prefix`.
-pub(super) fn refuse_next(prefix: &str, count: u32) {
-    let mut refusals = REFUSALS.lock().unwrap_or_else(|e| e.into_inner());
-    match refusals.iter_mut().find(|(p, _)| p == prefix) {
-        Some((_, left)) => *left += count,
-        None => refusals.push((prefix.to_string(), count)),
-    }
-    ARMED.store(true, Ordering::SeqCst);
+/// The armed refusals.
+static REFUSALS: LazyLock<SettlementRefusals> = LazyLock::new(SettlementRefusals::default);
+/// While armed: the ack subject of each message delivered from a subject that names an armed
+/// queue, and that subject.
+static DELIVERED: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
+
+fn delivered() -> std::sync::MutexGuard<'static, HashMap<String, String>> {
+    DELIVERED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether a call on `subject` is to be refused now (and count it).
-pub(super) fn refuse(subject: &str) -> bool {
-    if !ARMED.load(Ordering::SeqCst) {
-        return false;
-    }
-    let mut refusals = REFUSALS.lock().unwrap_or_else(|e| e.into_inner());
-    let hit = match refusals
-        .iter_mut()
-        .find(|(p, left)| *left > 0 && subject.starts_with(p.as_str()))
+/// Refuse the next `count` settlements of messages of `queue`.
+pub(super) fn arm(queue: &str, count: u32) {
+    REFUSALS.arm(queue, count);
+}
+
+/// Note a message the driver hands to a component (its ack subject, when it concerns an armed
+/// queue).
+pub(super) fn saw(message: &async_nats::Message) {
+    if let Some(reply) = &message.reply
+        && reply.starts_with("$JS.ACK.")
+        && REFUSALS.concerns(&message.subject)
     {
-        Some((_, left)) => {
-            *left -= 1;
-            true
-        }
-        None => false,
-    };
-    refusals.retain(|(_, left)| *left > 0);
-    if refusals.is_empty() {
-        ARMED.store(false, Ordering::SeqCst);
+        delivered().insert(reply.to_string(), message.subject.to_string());
     }
-    hit
+}
+
+/// Why a publish or request on `subject` is refused now, if it is (and count it).
+pub(super) fn refuse(subject: &str) -> Option<String> {
+    if !REFUSALS.is_armed() || !subject.starts_with("$JS.ACK.") {
+        return None;
+    }
+    let from = delivered().get(subject).cloned().unwrap_or_default();
+    let why = REFUSALS.refuse(|queue| subject.contains(queue) || from.contains(queue));
+    if !REFUSALS.is_armed() {
+        delivered().clear();
+    }
+    why
 }

@@ -2,8 +2,8 @@
 //! adapter component as `wrpc:nats/client` (core publish, subscribe with queue groups, request,
 //! all with headers). JetStream needs nothing more: its API is request/reply on `$JS.API.*` and
 //! its acknowledgements are publishes to `$JS.ACK.*`, which the adapter drives itself. A
-//! process-wide fault hook ([`NatsDriver::refuse_next`]) lets tests make chosen publishes and
-//! requests fail, since a real server never refuses on cue.
+//! process-wide fault hook ([`NatsDriver::refuse_settlements`]) lets tests make a queue's
+//! settlements fail, since a real server never refuses on cue.
 
 mod bindings;
 mod faults;
@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use bindings::add_to_linker;
+
+use super::{ConnectFuture, Driver, Lent, LinkFn};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:nats/client";
@@ -58,10 +60,47 @@ impl NatsDriver {
         &self.client
     }
 
-    /// Fault injection for tests: the next `count` publishes or requests, on any driver of this
-    /// process, whose subject starts with `subject_prefix` fail with `refused` (the JetStream
-    /// settlement subjects are `$JS.ACK.<stream>.…`). Refusals add up per prefix.
-    pub fn refuse_next(subject_prefix: &str, count: u32) {
-        faults::refuse_next(subject_prefix, count);
+    /// Fault injection for tests: the next `count` settlements of messages of `queue`, on any
+    /// driver of this process, fail with `refused` (see [`faults`]).
+    pub fn refuse_settlements(queue: &str, count: u32) {
+        faults::arm(queue, count);
+    }
+}
+
+/// NATS with JetStream as a [`Driver`].
+#[derive(Debug, Clone, Copy)]
+pub struct Nats;
+
+impl Driver for Nats {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["nats"]
+    }
+
+    fn interface(&self) -> &'static str {
+        INTERFACE
+    }
+
+    fn embedded_adapter(&self) -> &'static [u8] {
+        ADAPTER
+    }
+
+    fn linker(&self) -> LinkFn {
+        add_to_linker
+    }
+
+    fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a> {
+        Box::pin(async move {
+            let driver = NatsDriver::connect(url).await?;
+            Ok(Lent::new(INTERFACE, driver, add_to_linker))
+        })
+    }
+
+    fn refuse_settlements(&self, _connection: &Lent, queue: &str, count: u32) -> bool {
+        NatsDriver::refuse_settlements(queue, count);
+        true
     }
 }

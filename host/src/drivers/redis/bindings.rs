@@ -27,7 +27,7 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
 impl Ctx {
     fn redis(&mut self) -> wasmtime::Result<&RedisDriver> {
         self.progress();
-        self.drivers.redis.as_ref().ok_or_else(|| {
+        self.drivers.get::<RedisDriver>().ok_or_else(|| {
             wasmtime::Error::msg("the redis driver is not configured for this adapter")
         })
     }

@@ -11,6 +11,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 
 use super::RedisConfig;
 use super::pubsub::Unsubscribed;
+use crate::drivers::faults::SettlementRefusals;
 
 /// How long making a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -66,7 +67,7 @@ pub(crate) struct Connections {
     /// the stream once the unsubscribe is confirmed.
     subscriptions: Mutex<std::collections::HashMap<u64, LiveSubscription>>,
     next_subscription: AtomicU64,
-    /// Commands to refuse (tests); shared by every driver of one URL in this process.
+    /// Settlements to refuse (tests); shared by every driver of one URL in this process.
     pub(crate) faults: std::sync::Arc<Faults>,
 }
 
@@ -317,9 +318,17 @@ fn reply_error(value: Value) -> CallError {
 }
 
 /// The fault injector: rules that refuse matching commands a number of times.
+/// The fault hook of one URL: settlements to refuse, and which loaded scripts acknowledge.
+///
+/// A settlement here is any command that acknowledges stream entries of a key whose name holds
+/// an armed queue's name: `XACK key …`, or a script (`EVAL`, `EVALSHA`, `FCALL` is not tracked)
+/// whose text calls `XACK` and whose keys include such a key. Scripts are known by the text
+/// the adapter loaded (`SCRIPT LOAD`) or sent (`EVAL`), whatever names it gives its keys.
 #[derive(Default)]
 pub(crate) struct Faults {
-    rules: Mutex<Vec<(String, u32)>>,
+    pub(crate) refusals: SettlementRefusals,
+    /// SHA1 (lower-case hex) of every script seen, and whether it calls `XACK`.
+    scripts: Mutex<std::collections::HashMap<String, bool>>,
 }
 
 /// The fault injectors by URL: every driver connected to one URL shares one, so a test can
@@ -338,81 +347,142 @@ impl Faults {
             .clone()
     }
 
-    pub(crate) fn refuse_next(&self, pattern: &str, count: u32) {
-        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        rules.retain(|(p, _)| p != pattern);
-        if count > 0 {
-            rules.push((pattern.to_string(), count));
+    /// Remember a script's text by its SHA1.
+    fn saw_script(&self, text: &[u8]) {
+        let sha = sha1_smol::Sha1::from(text).digest().to_string();
+        let acks = String::from_utf8_lossy(text)
+            .to_ascii_uppercase()
+            .contains("XACK");
+        self.scripts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sha, acks);
+    }
+
+    /// The keys `args` acknowledges entries of, if it is a settlement.
+    fn acknowledged_keys<'a>(&self, args: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
+        let name = args
+            .first()
+            .map(|a| a.to_ascii_uppercase())
+            .unwrap_or_default();
+        let script_keys = |acks: bool| -> Vec<&'a [u8]> {
+            let count = args
+                .get(2)
+                .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            match acks {
+                true => args.iter().skip(3).take(count).map(Vec::as_slice).collect(),
+                false => Vec::new(),
+            }
+        };
+        match name.as_slice() {
+            b"XACK" => args.get(1).map(Vec::as_slice).into_iter().collect(),
+            b"EVAL" => script_keys(args.get(1).is_some_and(|t| {
+                String::from_utf8_lossy(t)
+                    .to_ascii_uppercase()
+                    .contains("XACK")
+            })),
+            b"EVALSHA" => {
+                let sha = args
+                    .get(1)
+                    .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
+                let scripts = self.scripts.lock().unwrap_or_else(|e| e.into_inner());
+                script_keys(
+                    sha.and_then(|sha| scripts.get(&sha).copied())
+                        .unwrap_or(false),
+                )
+            }
+            _ => Vec::new(),
         }
     }
 
-    /// `Err(refused)` when a rule matches `args` (and counts it down).
+    /// `Err(refused)` when `args` settles on an armed queue (and counts it down).
     fn check(&self, args: &[Vec<u8>]) -> Result<(), CallError> {
-        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        if rules.is_empty() {
+        let name = args
+            .first()
+            .map(|a| a.to_ascii_uppercase())
+            .unwrap_or_default();
+        match (name.as_slice(), args.get(1)) {
+            (b"SCRIPT", Some(verb)) if verb.eq_ignore_ascii_case(b"LOAD") => {
+                if let Some(text) = args.get(2) {
+                    self.saw_script(text);
+                }
+            }
+            (b"EVAL", Some(text)) => self.saw_script(text),
+            _ => {}
+        }
+        if !self.refusals.is_armed() {
             return Ok(());
         }
-        let text = args
-            .iter()
-            .map(|a| String::from_utf8_lossy(a))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let Some(i) = rules
-            .iter()
-            .position(|(p, _)| glob(p.as_bytes(), text.as_bytes()))
-        else {
-            return Ok(());
-        };
-        rules[i].1 -= 1;
-        let pattern = if rules[i].1 == 0 {
-            rules.remove(i).0
-        } else {
-            rules[i].0.clone()
-        };
-        Err(CallError::Refused(format!(
-            "refused by fault injection (rule `{pattern}`)"
-        )))
-    }
-}
-
-/// Whether `text` matches the glob `pattern` (`*`: any run, `?`: any one byte).
-fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
-            p += 1;
-            t += 1;
-        } else if p < pattern.len() && pattern[p] == b'*' {
-            star = Some((p, t));
-            p += 1;
-        } else if let Some((sp, st)) = star {
-            p = sp + 1;
-            t = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
+        let keys: Vec<String> = self
+            .acknowledged_keys(args)
+            .into_iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        match self
+            .refusals
+            .refuse(|queue| keys.iter().any(|k| k.contains(queue)))
+        {
+            Some(why) => Err(CallError::Refused(why)),
+            None => Ok(()),
         }
     }
-    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 #[cfg(test)]
 mod tests {
-    use super::glob;
+    use super::Faults;
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
 
     #[test]
-    fn glob_matches_runs_and_single_characters() {
-        assert!(glob(
-            b"EVALSHA * {wrpc}:q:a *wrpc-settle*",
-            b"EVALSHA abc 2 {wrpc}:q:a x wrpc-settle ack"
-        ));
-        assert!(!glob(
-            b"EVALSHA * {wrpc}:q:a *wrpc-settle*",
-            b"XREADGROUP GROUP wrpc c {wrpc}:q:a >"
-        ));
-        assert!(glob(b"a?c", b"abc"));
-        assert!(!glob(b"a?c", b"abbc"));
-        assert!(glob(b"*", b""));
+    fn settlements_are_found_by_what_they_do_not_by_key_names() {
+        let faults = Faults::default();
+        let script = "local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) return n";
+        faults.check(&args(&["SCRIPT", "LOAD", script])).unwrap();
+        faults.refusals.arm("jobs", 3);
+        let sha = sha1_smol::Sha1::from(script).digest().to_string();
+        // Reads and writes that acknowledge nothing pass.
+        faults
+            .check(&args(&["XADD", "my/jobs/stream", "*", "b", "x"]))
+            .unwrap();
+        faults
+            .check(&args(&[
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "c",
+                "STREAMS",
+                "my/jobs/stream",
+                ">",
+            ]))
+            .unwrap();
+        // An XACK on any key naming the queue is refused, and so is the acknowledging script.
+        assert!(
+            faults
+                .check(&args(&["XACK", "my/jobs/stream", "g", "1-1"]))
+                .is_err()
+        );
+        assert!(
+            faults
+                .check(&args(&["EVALSHA", &sha, "1", "jobs:pending", "g", "1-1"]))
+                .is_err()
+        );
+        assert!(
+            faults
+                .check(&args(&["EVAL", script, "1", "q{jobs}", "g", "1-1"]))
+                .is_err()
+        );
+        // Used up; another queue's key was never concerned.
+        faults
+            .check(&args(&["XACK", "my/jobs/stream", "g", "1-1"]))
+            .unwrap();
+        faults.refusals.arm("jobs", 1);
+        faults.check(&args(&["XACK", "other", "g", "1-1"])).unwrap();
+        faults
+            .check(&args(&["EVALSHA", "feed", "1", "jobs", "g"]))
+            .unwrap();
     }
 }

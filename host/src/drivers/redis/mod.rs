@@ -17,6 +17,8 @@ use std::sync::Arc;
 pub use bindings::add_to_linker;
 use connection::Connections;
 
+use super::{ConnectFuture, Driver, Lent, LinkFn};
+
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:redis/client";
 
@@ -76,13 +78,54 @@ impl RedisDriver {
         self.conns.generation()
     }
 
-    /// Fault injection for tests: the next `count` commands whose text matches `pattern` fail
-    /// with `refused` without being sent. A command's text is its arguments joined by single
-    /// spaces (bytes read as lossy UTF-8); `pattern` is a glob over the whole text where `*`
-    /// matches any run of characters and `?` any one character. A real server never refuses on
-    /// cue; this stands in for one that does. The rule applies to every driver connected to the
-    /// same URL in this process (each host instance connects its own).
-    pub fn refuse_next(&self, pattern: &str, count: u32) {
-        self.conns.faults.refuse_next(pattern, count);
+    /// Fault injection for tests: the next `count` settlements of queue `queue` — commands or
+    /// scripts that `XACK` a key whose name contains `queue` — fail with `refused` without being
+    /// sent. The rule applies to every driver connected to the same URL in this process (each
+    /// host instance connects its own).
+    pub fn refuse_settlements(&self, queue: &str, count: u32) {
+        self.conns.faults.refusals.arm(queue, count);
+    }
+}
+
+/// Redis (and Valkey, KeyDB, Dragonfly) as a [`Driver`].
+#[derive(Debug, Clone, Copy)]
+pub struct Redis;
+
+impl Driver for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["redis", "rediss"]
+    }
+
+    fn interface(&self) -> &'static str {
+        INTERFACE
+    }
+
+    fn embedded_adapter(&self) -> &'static [u8] {
+        ADAPTER
+    }
+
+    fn linker(&self) -> LinkFn {
+        add_to_linker
+    }
+
+    fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a> {
+        Box::pin(async move {
+            let driver = RedisDriver::connect(url).await?;
+            Ok(Lent::new(INTERFACE, driver, add_to_linker))
+        })
+    }
+
+    fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
+        match connection.get::<RedisDriver>() {
+            Some(driver) => {
+                driver.refuse_settlements(queue, count);
+                true
+            }
+            None => false,
+        }
     }
 }
