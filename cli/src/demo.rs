@@ -38,7 +38,7 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
     let a = within("instance A to open", open()).await??;
     let b = within("instance B to open", open()).await??;
     let place = if url != broker_url {
-        format!("one in-process {} broker", driver.name())
+        format!("one in-process {} broker", driver.info().name)
     } else {
         format!("the broker at {broker_url}")
     };

@@ -36,8 +36,8 @@ impl ComponentSource {
 
     fn embedded(driver: &dyn Driver) -> Self {
         ComponentSource::Embedded {
-            name: format!("embedded {} adapter", driver.name()),
-            bytes: driver.embedded_adapter(),
+            name: format!("embedded {} adapter", driver.info().name),
+            bytes: driver.info().embedded_adapter,
         }
     }
 }

@@ -69,7 +69,7 @@ impl Factory {
         let connection = driver
             .connect(&url)
             .await
-            .with_context(|| format!("the {} broker at {url} must answer", driver.name()))?;
+            .with_context(|| format!("the {} broker at {url} must answer", driver.info().name))?;
         let open_url = url.clone();
         let mut factory = Factory::new(move |extra| {
             let (url, component, options) = (open_url.clone(), component.clone(), options.clone());

@@ -150,7 +150,7 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     let setup = Setup {
         a: open(config, &url).await?,
         b: open(config, &url).await?,
-        native: Native::for_broker(driver.name(), &url, &connection).await?,
+        native: Native::for_broker(driver.info().name, &url, &connection).await?,
         payload: vec![b'x'; config.size],
         slice: config.duration / (2 * ROUNDS),
     };

@@ -24,22 +24,32 @@ pub use crate::runtime::{DriverConnections, Lent, LinkFn};
 /// A boxed future a driver returns from [`Driver::connect`].
 pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = Result<Lent>> + Send + 'a>>;
 
+/// What a driver is, as data: its names, its WIT interface, how that links, its adapter.
+#[derive(Debug)]
+pub struct DriverInfo {
+    /// Its name, as in messages and `--broker` help (`redis`).
+    pub name: &'static str,
+    /// The URL schemes it serves (`redis`, `rediss`).
+    pub schemes: &'static [&'static str],
+    /// The WIT interface it provides, without version (`wrpc:redis/client`).
+    pub interface: &'static str,
+    /// The adapter component embedded in the host for its URLs.
+    pub embedded_adapter: &'static [u8],
+    /// Links its interface into a component's linker.
+    pub linker: LinkFn,
+}
+
+impl DriverInfo {
+    /// Lend `connection` (this driver's own type) to an adapter.
+    pub fn lend<T: std::any::Any + Send + Sync>(&self, connection: T) -> Lent {
+        Lent::new(self.interface, connection, self.linker)
+    }
+}
+
 /// One kind of broker connection the host can lend to adapter components.
 pub trait Driver: Send + Sync + 'static {
-    /// Its name, as in messages and `--broker` help (`redis`).
-    fn name(&self) -> &'static str;
-
-    /// The URL schemes it serves (`redis`, `rediss`).
-    fn schemes(&self) -> &'static [&'static str];
-
-    /// The WIT interface it provides, without version (`wrpc:redis/client`).
-    fn interface(&self) -> &'static str;
-
-    /// The adapter component embedded in the host for its URLs.
-    fn embedded_adapter(&self) -> &'static [u8];
-
-    /// Links its interface into a component's linker.
-    fn linker(&self) -> LinkFn;
+    /// What it is.
+    fn info(&self) -> &'static DriverInfo;
 
     /// Connect to the broker at `url` (the first connection is made now, so a wrong URL or a
     /// server that is down fails here).
@@ -53,8 +63,8 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// The fault hook for tests: make the broker behind `connection` refuse the next `count`
-    /// settlements of messages of `queue` (wherever the adapter keeps them). `false` when the
-    /// driver has none.
+    /// settlements of messages of `queue` (wherever the adapter keeps them); `count` 0 arms
+    /// nothing. `false` when the driver has no fault hook.
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
         let _ = (connection, queue, count);
         false
@@ -83,7 +93,7 @@ pub fn for_url(url: &str) -> Result<&'static dyn Driver> {
     registry()
         .iter()
         .copied()
-        .find(|d| d.schemes().contains(&scheme))
+        .find(|d| d.info().schemes.contains(&scheme))
         .ok_or_else(|| {
             Error::BadRequest(format!(
                 "broker URL scheme `{scheme}` is not supported by this build (supported: {})",
@@ -92,30 +102,22 @@ pub fn for_url(url: &str) -> Result<&'static dyn Driver> {
         })
 }
 
-/// The driver whose connections serve `lent`.
-pub fn of(lent: &Lent) -> Option<&'static dyn Driver> {
-    registry()
-        .iter()
-        .copied()
-        .find(|d| d.interface() == lent.interface())
-}
-
 /// The URL schemes this build understands.
 pub fn supported_schemes() -> Vec<&'static str> {
     registry()
         .iter()
-        .flat_map(|d| d.schemes().iter().copied())
+        .flat_map(|d| d.info().schemes.iter().copied())
         .collect()
 }
 
 /// Every driver interface this host has, by WIT name without version, for import checks.
 pub fn interfaces() -> Vec<&'static str> {
-    registry().iter().map(|d| d.interface()).collect()
+    registry().iter().map(|d| d.info().interface).collect()
 }
 
 /// The adapter component embedded in this build for the broker at `url`, if any.
 pub fn embedded_adapter(url: &str) -> Option<&'static [u8]> {
-    for_url(url).ok().map(|d| d.embedded_adapter())
+    for_url(url).ok().map(|d| d.info().embedded_adapter)
 }
 
 /// Connect to every URL in `urls` (unless a connection serving its driver is in `lent`
@@ -123,7 +125,10 @@ pub fn embedded_adapter(url: &str) -> Option<&'static [u8]> {
 pub async fn connect_all(urls: &[String], mut lent: Vec<Lent>) -> Result<DriverConnections> {
     for url in urls {
         let driver = for_url(url)?;
-        if !lent.iter().any(|l| l.interface() == driver.interface()) {
+        if !lent
+            .iter()
+            .any(|l| l.interface() == driver.info().interface)
+        {
             lent.push(driver.connect(url).await?);
         }
     }
@@ -133,9 +138,6 @@ pub async fn connect_all(urls: &[String], mut lent: Vec<Lent>) -> Result<DriverC
 /// Every driver's interface linked but none connected: enough to load any adapter and call
 /// its `describe` (which touches no broker); a driver call fails as not configured.
 pub fn unconnected() -> DriverConnections {
-    let lent = registry()
-        .iter()
-        .map(|d| Lent::new(d.interface(), (), d.linker()))
-        .collect();
+    let lent = registry().iter().map(|d| d.info().lend(())).collect();
     DriverConnections::new(lent, interfaces())
 }

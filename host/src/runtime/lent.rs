@@ -71,11 +71,6 @@ impl DriverConnections {
         self.lent.iter().find_map(Lent::get)
     }
 
-    /// The lent connections.
-    pub fn lent(&self) -> &[Lent] {
-        &self.lent
-    }
-
     /// Whether a connection serving `interface` (a WIT name without version) is lent.
     pub fn grants(&self, interface: &str) -> bool {
         self.lent.iter().any(|l| l.interface == interface)

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 pub use bindings::add_to_linker;
 pub use store::{MemoryStore, QueueStats};
 
-use super::{ConnectFuture, Driver, Lent, LinkFn};
+use super::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:memory/store";
@@ -24,11 +24,18 @@ pub static ADAPTER: &[u8] = include_bytes!(env!("WRPC_MEMORY_COMPONENT"));
 
 /// Lend `store` to an adapter.
 pub fn lend(store: Arc<MemoryStore>) -> Lent {
-    Lent::new(INTERFACE, store, add_to_linker)
+    INFO.lend(store)
 }
 
 /// The stores opened by name (`memory://<name>`) and still held somewhere.
 static NAMED: Mutex<Option<HashMap<String, Weak<MemoryStore>>>> = Mutex::new(None);
+
+/// The store name of a `memory://<name>` URL; empty for a fresh store.
+fn store_name(url: &str) -> &str {
+    url.split_once("://")
+        .map_or("", |(_, name)| name)
+        .trim_end_matches('/')
+}
 
 /// The store named `name`, made on first use.
 fn named(name: &str) -> Arc<MemoryStore> {
@@ -47,30 +54,22 @@ fn named(name: &str) -> Arc<MemoryStore> {
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryDriver;
 
+/// What this driver is.
+static INFO: DriverInfo = DriverInfo {
+    name: "memory",
+    schemes: &["memory"],
+    interface: INTERFACE,
+    embedded_adapter: ADAPTER,
+    linker: add_to_linker,
+};
+
 impl Driver for MemoryDriver {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
-    fn schemes(&self) -> &'static [&'static str] {
-        &["memory"]
-    }
-
-    fn interface(&self) -> &'static str {
-        INTERFACE
-    }
-
-    fn embedded_adapter(&self) -> &'static [u8] {
-        ADAPTER
-    }
-
-    fn linker(&self) -> LinkFn {
-        add_to_linker
+    fn info(&self) -> &'static DriverInfo {
+        &INFO
     }
 
     fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a> {
-        let name = url.split_once("://").map_or("", |(_, name)| name);
-        let store = match name.trim_end_matches('/') {
+        let store = match store_name(url) {
             "" => MemoryStore::new(),
             name => named(name),
         };
@@ -78,19 +77,14 @@ impl Driver for MemoryDriver {
     }
 
     fn shared_url(&self, url: &str) -> String {
-        match url.split_once("://").map_or("", |(_, name)| name) {
-            "" | "/" => format!("memory://shared-{}", uuid::Uuid::new_v4().simple()),
+        match store_name(url) {
+            "" => format!("memory://shared-{}", uuid::Uuid::new_v4().simple()),
             _ => url.to_string(),
         }
     }
 
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
-        match connection.get::<Arc<MemoryStore>>() {
-            Some(store) => {
-                store.refuse_settlements(queue, count);
-                true
-            }
-            None => false,
-        }
+        let store = connection.get::<Arc<MemoryStore>>();
+        store.map(|s| s.refuse_settlements(queue, count)).is_some()
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 pub use bindings::add_to_linker;
 
-use super::{ConnectFuture, Driver, Lent, LinkFn};
+use super::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:nats/client";
@@ -71,32 +71,22 @@ impl NatsDriver {
 #[derive(Debug, Clone, Copy)]
 pub struct Nats;
 
+/// What this driver is.
+static INFO: DriverInfo = DriverInfo {
+    name: "nats",
+    schemes: &["nats"],
+    interface: INTERFACE,
+    embedded_adapter: ADAPTER,
+    linker: add_to_linker,
+};
+
 impl Driver for Nats {
-    fn name(&self) -> &'static str {
-        "nats"
-    }
-
-    fn schemes(&self) -> &'static [&'static str] {
-        &["nats"]
-    }
-
-    fn interface(&self) -> &'static str {
-        INTERFACE
-    }
-
-    fn embedded_adapter(&self) -> &'static [u8] {
-        ADAPTER
-    }
-
-    fn linker(&self) -> LinkFn {
-        add_to_linker
+    fn info(&self) -> &'static DriverInfo {
+        &INFO
     }
 
     fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a> {
-        Box::pin(async move {
-            let driver = NatsDriver::connect(url).await?;
-            Ok(Lent::new(INTERFACE, driver, add_to_linker))
-        })
+        Box::pin(async move { Ok(INFO.lend(NatsDriver::connect(url).await?)) })
     }
 
     fn refuse_settlements(&self, _connection: &Lent, queue: &str, count: u32) -> bool {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 pub use bindings::add_to_linker;
 use connection::Connections;
 
-use super::{ConnectFuture, Driver, Lent, LinkFn};
+use super::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:redis/client";
@@ -91,41 +91,26 @@ impl RedisDriver {
 #[derive(Debug, Clone, Copy)]
 pub struct Redis;
 
+/// What this driver is.
+static INFO: DriverInfo = DriverInfo {
+    name: "redis",
+    schemes: &["redis", "rediss"],
+    interface: INTERFACE,
+    embedded_adapter: ADAPTER,
+    linker: add_to_linker,
+};
+
 impl Driver for Redis {
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    fn schemes(&self) -> &'static [&'static str] {
-        &["redis", "rediss"]
-    }
-
-    fn interface(&self) -> &'static str {
-        INTERFACE
-    }
-
-    fn embedded_adapter(&self) -> &'static [u8] {
-        ADAPTER
-    }
-
-    fn linker(&self) -> LinkFn {
-        add_to_linker
+    fn info(&self) -> &'static DriverInfo {
+        &INFO
     }
 
     fn connect<'a>(&'a self, url: &'a str) -> ConnectFuture<'a> {
-        Box::pin(async move {
-            let driver = RedisDriver::connect(url).await?;
-            Ok(Lent::new(INTERFACE, driver, add_to_linker))
-        })
+        Box::pin(async move { Ok(INFO.lend(RedisDriver::connect(url).await?)) })
     }
 
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
-        match connection.get::<RedisDriver>() {
-            Some(driver) => {
-                driver.refuse_settlements(queue, count);
-                true
-            }
-            None => false,
-        }
+        let driver = connection.get::<RedisDriver>();
+        driver.map(|d| d.refuse_settlements(queue, count)).is_some()
     }
 }
