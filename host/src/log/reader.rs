@@ -1,0 +1,296 @@
+//! A live read: [`Reader`] and the task behind it, which joins `range` catch-up pages with
+//! the shared live tail by position.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::sync::{broadcast, mpsc};
+
+use super::feeds::FeedGuard;
+use super::tail::{ReaderGuard, TailEvent};
+use super::{Entry, PAGE, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
+use crate::bindings::{log as wit, types};
+use crate::broker::Inner;
+use crate::error::{Error, Result};
+
+/// A live read of one topic: a [`Stream`] of entries in order, ending with an error if the
+/// read cannot continue (e.g. it fell behind the retained history: [`Error::Gone`]).
+pub struct Reader {
+    pub(super) rx: mpsc::Receiver<Result<Entry>>,
+    pub(super) position: Option<Position>,
+    pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    /// Where the read was fixed when it became ready: the position of the first entry it will
+    /// yield, when known.
+    pub fn position(&self) -> Option<Position> {
+        self.position
+    }
+
+    /// The next entry, waiting for one; `None` when the read ended.
+    pub async fn next_entry(&mut self) -> Option<Result<Entry>> {
+        self.rx.recv().await
+    }
+}
+
+impl Stream for Reader {
+    type Item = Result<Entry>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Where a reader is: the next offset per partition, and the id to continue a `range` scan from.
+#[derive(Debug)]
+pub(super) struct Cursor {
+    pub(super) next: BTreeMap<u32, u64>,
+    /// The id of the last entry seen by any means (a `range` after it continues the scan).
+    pub(super) scan_from: Option<String>,
+    /// Where a scan starts when no entry was seen yet.
+    pub(super) origin: types::Start,
+}
+
+impl Cursor {
+    pub(super) fn new(origin: types::Start) -> Self {
+        Self {
+            next: BTreeMap::new(),
+            scan_from: None,
+            origin,
+        }
+    }
+
+    /// Whether `e` is the next entry of its partition (or later, which a caller treats as a gap).
+    fn is_new(&self, pos: &types::Position) -> bool {
+        self.next
+            .get(&pos.partition)
+            .is_none_or(|next| pos.offset >= *next)
+    }
+
+    fn expects(&self, pos: &types::Position) -> Option<u64> {
+        self.next.get(&pos.partition).copied()
+    }
+
+    fn advance(&mut self, e: &wit::Entry) {
+        self.next.insert(e.pos.partition, e.pos.offset + 1);
+        self.scan_from = Some(e.id.clone());
+    }
+}
+
+/// Why a reader task stopped.
+enum Stop {
+    /// The consumer dropped the reader.
+    Dropped,
+    /// The read cannot continue; the error was sent to the consumer.
+    Failed,
+}
+
+pub(super) struct ReaderTask {
+    pub(super) inner: Arc<Inner>,
+    pub(super) topic: String,
+    /// The feed this reader reads.
+    pub(super) feed: FeedGuard,
+    /// Keeps the shared tail alive while this reader reads (none on an ended feed).
+    pub(super) guard: Option<ReaderGuard>,
+    pub(super) subscription: Option<broadcast::Receiver<TailEvent>>,
+    pub(super) cursor: Cursor,
+    pub(super) out: mpsc::Sender<Result<Entry>>,
+}
+
+impl ReaderTask {
+    pub(super) async fn run(mut self, first_page: Option<wit::Page>) {
+        if let Some(page) = first_page {
+            let done = page.done || page.entries.is_empty();
+            if self.deliver_page(page).await.is_err() {
+                return;
+            }
+            if !done && self.catch_up().await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let Some(subscription) = self.subscription.as_mut() else {
+                if self.rejoin().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let entry = match subscription.recv().await {
+                Ok(TailEvent::Entry(entry)) => entry,
+                Ok(TailEvent::Gap) => {
+                    if self.catch_up().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                    tracing::debug!(topic = %self.topic, skipped, "reader fell behind the tail; reading pages");
+                    if self.catch_up().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    // The shared tail ended (adapter replaced, or its stream was cut): join the
+                    // next one and fill what happened in between from pages.
+                    if self.rejoin().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            if let Some(next) = self.cursor.expects(&entry.pos) {
+                if entry.pos.offset < next {
+                    continue;
+                }
+                if entry.pos.offset > next {
+                    if self.catch_up().await.is_err() {
+                        return;
+                    }
+                    if !self.cursor.is_new(&entry.pos) {
+                        continue;
+                    }
+                }
+            }
+            if self.deliver((*entry).clone()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn deliver(&mut self, entry: wit::Entry) -> std::result::Result<(), Stop> {
+        if let Some(next) = self
+            .cursor
+            .expects(&entry.pos)
+            .filter(|next| entry.pos.offset > *next)
+        {
+            tracing::warn!(topic = %self.topic, expected = next, got = entry.pos.offset,
+                "the adapter skipped offsets that no page returned");
+        }
+        self.cursor.advance(&entry);
+        self.out
+            .send(Ok(entry.into()))
+            .await
+            .map_err(|_| Stop::Dropped)
+    }
+
+    async fn deliver_page(&mut self, page: wit::Page) -> std::result::Result<(), Stop> {
+        for entry in page.entries {
+            if self.cursor.is_new(&entry.pos) {
+                self.deliver(entry).await?;
+            } else {
+                self.cursor.scan_from = Some(entry.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Read pages after the last entry seen until the tip.
+    async fn catch_up(&mut self) -> std::result::Result<(), Stop> {
+        loop {
+            let origin = match &self.cursor.scan_from {
+                Some(id) => types::Start::After(id.clone()),
+                None => self.cursor.origin.clone(),
+            };
+            let page = self.range(origin).await?;
+            let done = page.done || page.entries.is_empty();
+            self.deliver_page(page).await?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn range(&mut self, origin: types::Start) -> std::result::Result<wit::Page, Stop> {
+        let mut attempt = 0;
+        loop {
+            let adapter = match self.feed.feed.adapter(&self.inner.slot) {
+                Ok(adapter) => adapter,
+                Err(e) => {
+                    let _ = self.out.send(Err(e)).await;
+                    return Err(Stop::Failed);
+                }
+            };
+            match adapter
+                .log_range(self.topic.clone(), origin.clone(), PAGE)
+                .await
+            {
+                Ok(page) => return Ok(page),
+                Err(Error::Trapped(_) | Error::Timeout(_) | Error::Unavailable(_))
+                    if attempt < TRANSIENT_RETRIES =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => {
+                    let _ = self.out.send(Err(e)).await;
+                    return Err(Stop::Failed);
+                }
+            }
+        }
+    }
+
+    /// A migration ended this reader's feed: read the rest of it from the old adapter (whose
+    /// writes have landed), then go on with the next feed from the swap point.
+    async fn move_on(&mut self) -> std::result::Result<(), Stop> {
+        self.guard = None;
+        self.subscription = None;
+        while let Some((next, points)) = self.feed.feed.next.get().cloned() {
+            self.catch_up().await?;
+            self.cursor = Cursor::new(types::Start::Earliest);
+            if let Some(positions) = points.get(&self.topic) {
+                self.cursor.next = positions.iter().map(|p| (p.partition, p.offset)).collect();
+            }
+            self.feed
+                .feed
+                .moved
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.feed = next.reader();
+            tracing::debug!(topic = %self.topic, "reader finished the old broker's feed; on the new one");
+        }
+        Ok(())
+    }
+
+    /// Join the live tail of the reader's feed again (moving on first when a migration ended
+    /// it) and fill from pages what happened in between.
+    async fn rejoin(&mut self) -> std::result::Result<(), Stop> {
+        let mut attempt = 0;
+        loop {
+            self.move_on().await?;
+            match self.inner.logs.join(&self.topic, &self.feed.feed).await {
+                Ok(None) => continue,
+                Ok(Some((_, guard, subscription))) => {
+                    self.guard = Some(guard);
+                    self.subscription = Some(subscription);
+                    return self.catch_up().await;
+                }
+                Err(e) if attempt >= TRANSIENT_RETRIES => {
+                    let _ = self.out.send(Err(e)).await;
+                    return Err(Stop::Failed);
+                }
+                Err(_) => {
+                    attempt += 1;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+}

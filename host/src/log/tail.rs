@@ -1,0 +1,203 @@
+//! One broker reader per topic: [`TopicTail`], the live `tail` fanned out to every local
+//! reader, and re-established after the last entry seen when its stream ends.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::feeds::Feed;
+use super::{RETRY_PAUSE, TAIL_BUFFER};
+use crate::bindings::{log as wit, types};
+use crate::broker::AdapterSlot;
+use crate::error::{Error, Result};
+
+/// What a topic tail broadcasts to its local readers.
+#[derive(Clone)]
+pub(super) enum TailEvent {
+    /// The next entry from the adapter's tail.
+    Entry(Arc<wit::Entry>),
+    /// The tail was re-established past entries it never delivered: read them from pages.
+    Gap,
+}
+
+/// The last position and id a topic tail has seen.
+#[derive(Debug, Default)]
+pub(super) struct Head {
+    pub(super) next: BTreeMap<u32, u64>,
+    pub(super) last_id: Option<String>,
+}
+
+/// The one live `tail` of a topic in this host instance, fanned out to every local reader.
+/// If the adapter's stream ends (a trap, a cut connection) it is re-established after the last
+/// entry seen; readers see at worst a gap, which they fill from pages.
+pub(crate) struct TopicTail {
+    /// The feed it follows: once a migration ended it, the tail is not re-established.
+    feed: Arc<Feed>,
+    tx: Mutex<Option<broadcast::Sender<TailEvent>>>,
+    pub(super) head: Mutex<Head>,
+    readers: Mutex<usize>,
+    pub(super) stop: CancellationToken,
+}
+
+impl TopicTail {
+    pub(super) async fn start(
+        slot: Arc<AdapterSlot>,
+        topic: String,
+        feed: Arc<Feed>,
+    ) -> Result<Arc<Self>> {
+        let (positions, rx) = feed
+            .adapter(&slot)?
+            .log_tail(topic.clone(), types::Start::Latest)
+            .await?;
+        let (tx, _) = broadcast::channel(TAIL_BUFFER);
+        let tail = Arc::new(TopicTail {
+            feed,
+            tx: Mutex::new(Some(tx)),
+            head: Mutex::new(Head {
+                next: positions.iter().map(|p| (p.partition, p.offset)).collect(),
+                last_id: None,
+            }),
+            readers: Mutex::new(0),
+            stop: CancellationToken::new(),
+        });
+        tokio::spawn(tail.clone().pump(slot, topic, rx));
+        Ok(tail)
+    }
+
+    pub(super) fn subscribe(&self) -> Option<broadcast::Receiver<TailEvent>> {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|tx| tx.subscribe())
+    }
+
+    pub(super) fn join(self: &Arc<Self>) -> ReaderGuard {
+        *self.readers.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        ReaderGuard { tail: self.clone() }
+    }
+
+    /// Move the adapter's entries into the broadcast until no local reader is left.
+    async fn pump(
+        self: Arc<Self>,
+        slot: Arc<AdapterSlot>,
+        topic: String,
+        mut rx: mpsc::Receiver<Vec<wit::Entry>>,
+    ) {
+        loop {
+            let batch = tokio::select! {
+                _ = self.stop.cancelled() => break,
+                batch = rx.recv() => batch,
+            };
+            match batch {
+                Some(entries) => {
+                    let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let Some(tx) = tx else { break };
+                    for entry in entries {
+                        {
+                            let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
+                            let next = head
+                                .next
+                                .entry(entry.pos.partition)
+                                .or_insert(entry.pos.offset);
+                            if entry.pos.offset < *next {
+                                tracing::warn!(
+                                    topic,
+                                    offset = entry.pos.offset,
+                                    expected = *next,
+                                    "the adapter's tail repeated an entry (the readers drop it)"
+                                );
+                            }
+                            *next = (*next).max(entry.pos.offset + 1);
+                            head.last_id = Some(entry.id.clone());
+                        }
+                        let _ = tx.send(TailEvent::Entry(Arc::new(entry)));
+                    }
+                }
+                None => match self.reestablish(&slot, &topic).await {
+                    Some(new_rx) => rx = new_rx,
+                    None => break,
+                },
+            }
+        }
+        self.stop.cancel();
+        // Readers still subscribed see the broadcast close and join a new tail.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// A re-established tail that starts past what the old one delivered (it started from
+    /// `latest`) tells the readers to fill the gap from pages.
+    fn note_gap(&self, positions: &[types::Position]) {
+        let mut gap = false;
+        {
+            let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
+            for p in positions {
+                let next = head.next.entry(p.partition).or_insert(p.offset);
+                if p.offset > *next {
+                    gap = true;
+                    *next = p.offset;
+                }
+            }
+        }
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (true, Some(tx)) = (gap, tx) {
+            let _ = tx.send(TailEvent::Gap);
+        }
+    }
+
+    /// A new adapter `tail` after the last entry seen (or from now when that is gone).
+    async fn reestablish(
+        &self,
+        slot: &AdapterSlot,
+        topic: &str,
+    ) -> Option<mpsc::Receiver<Vec<wit::Entry>>> {
+        let mut from_latest = false;
+        loop {
+            if self.stop.is_cancelled() || self.feed.next.get().is_some() {
+                return None;
+            }
+            let last_id = self
+                .head
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .last_id
+                .clone();
+            let origin = match last_id {
+                Some(id) if !from_latest => types::Start::After(id),
+                _ => types::Start::Latest,
+            };
+            let Ok(adapter) = self.feed.adapter(slot) else {
+                return None;
+            };
+            match adapter.log_tail(topic.to_string(), origin).await {
+                Ok((positions, rx)) => {
+                    self.note_gap(&positions);
+                    return Some(rx);
+                }
+                Err(Error::Gone(_)) => from_latest = true,
+                Err(Error::Closed(_)) => return None,
+                Err(e) => {
+                    tracing::debug!(topic, "re-establishing the tail: {e}");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+}
+
+/// Counts a reader of a [`TopicTail`]; the tail stops when the last one is dropped.
+pub(super) struct ReaderGuard {
+    tail: Arc<TopicTail>,
+}
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        let mut readers = self.tail.readers.lock().unwrap_or_else(|e| e.into_inner());
+        *readers -= 1;
+        if *readers == 0 {
+            self.tail.stop.cancel();
+        }
+    }
+}
