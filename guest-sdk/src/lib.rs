@@ -29,6 +29,7 @@ pub mod headers;
 pub mod ids;
 pub mod log;
 pub mod options;
+pub mod queue;
 pub mod relay;
 pub mod signal;
 

@@ -172,7 +172,12 @@ impl Drop for OwnServer {
 async fn a_server_restart_loses_nothing() {
     let mut server = OwnServer::start();
     let url: &'static str = format!("nats://127.0.0.1:{}", server.port).leak();
-    let factory = nats_factory(url, "wrpc", vec![("queue.ackWaitMs".into(), "2000".into())]).await;
+    let factory = nats_factory(
+        url,
+        "wrpc",
+        vec![("queue.visibilityMs".into(), "2000".into())],
+    )
+    .await;
     let broker = factory.instance().await.expect("a host instance");
     let other = factory.instance().await.expect("a second host instance");
 
@@ -304,7 +309,12 @@ async fn a_server_restart_loses_nothing() {
 async fn a_long_handler_is_kept_alive_past_ack_wait() {
     require_server(4222);
     let prefix = fresh_prefix();
-    let factory = nats_factory(URL, &prefix, vec![("queue.ackWaitMs".into(), "600".into())]).await;
+    let factory = nats_factory(
+        URL,
+        &prefix,
+        vec![("queue.visibilityMs".into(), "600".into())],
+    )
+    .await;
     let a = factory.instance().await.expect("a host instance");
     let b = factory.instance().await.expect("a second host instance");
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();

@@ -29,7 +29,7 @@ use std::rc::Rc;
 
 use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
 use wrpc::memory::store::StoreError;
-use wrpc_broker_guest::options::Options;
+use wrpc_broker_guest::options::{self, Options, Spec};
 use wrpc_broker_guest::{Error, host};
 
 /// The component; it implements every exported interface.
@@ -38,10 +38,30 @@ export!(Component);
 
 /// The default of option `prefix`.
 const DEFAULT_PREFIX: &str = "wrpc";
-/// The default of option `retention.maxEntries`.
-const DEFAULT_MAX_ENTRIES: u32 = 10_000;
-/// The default of option `queue.visibilityMs`.
-const DEFAULT_VISIBILITY_MS: u32 = 30_000;
+
+/// The options this adapter takes (`describe` lists them, `init` reads them).
+const OPTIONS: &[Spec] = &[
+    Spec {
+        name: "retention.maxEntries",
+        default: "10000",
+        doc: "Entries kept per topic in the logs this adapter creates; older ones are trimmed.",
+    },
+    Spec {
+        name: "epoch",
+        default: "",
+        doc: "Stamped into the ids of every log this adapter creates (default: a fresh random id per log).",
+    },
+    Spec {
+        name: "prefix",
+        default: DEFAULT_PREFIX,
+        doc: "Namespace of every log, queue and channel name in the store.",
+    },
+    Spec {
+        name: options::VISIBILITY_MS,
+        default: "30000",
+        doc: "Lease a consumer takes on a delivery; renewed every third of it until settled.",
+    },
+];
 
 /// What `init` configured; fixed for the life of the instance.
 struct Config {
@@ -60,35 +80,22 @@ struct Config {
 
 impl Config {
     /// Read the `init` options; an unknown option or a bad value is a bad request naming it.
-    fn from_options(generation: u32, options: Vec<(String, String)>) -> Result<Self, Error> {
-        let mut options = Options::new(options)?;
+    fn from_options(generation: u32, given: Vec<(String, String)>) -> Result<Self, Error> {
+        let options = Options::new(OPTIONS, given)?;
         let config = Config {
             generation,
-            prefix: options
-                .string("prefix")
-                .unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
-            max_entries: options.parse("retention.maxEntries", DEFAULT_MAX_ENTRIES)?,
-            epoch: options.string("epoch"),
-            visibility_ms: options.parse("queue.visibilityMs", DEFAULT_VISIBILITY_MS)?,
+            prefix: options.text("prefix").unwrap_or_default(),
+            max_entries: options.at_least("retention.maxEntries", 1)?,
+            epoch: options.text("epoch"),
+            visibility_ms: options.at_least(options::VISIBILITY_MS, 1)?,
         };
-        options.finish()?;
         if config.prefix.is_empty() {
             return Err(Error::bad_request("option `prefix` must not be empty"));
-        }
-        if config.max_entries == 0 {
-            return Err(Error::bad_request(
-                "option `retention.maxEntries` must be at least 1",
-            ));
         }
         if let Some(epoch) = config.epoch.as_ref().filter(|e| !log::is_epoch(e)) {
             return Err(Error::bad_request(format!(
                 "option `epoch`: `{epoch}` is not [A-Za-z0-9_-]+"
             )));
-        }
-        if config.visibility_ms == 0 {
-            return Err(Error::bad_request(
-                "option `queue.visibilityMs` must be at least 1",
-            ));
         }
         Ok(config)
     }
@@ -153,37 +160,11 @@ fn store_error(e: StoreError) -> Error {
 
 impl Guest for Component {
     fn describe() -> Info {
-        let option = |name: &str, default: String, doc: &str| OptionInfo {
-            name: name.to_string(),
-            default_value: default,
-            doc: doc.to_string(),
-        };
         Info {
             name: "memory".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             broker: "memory".to_string(),
-            options: vec![
-                option(
-                    "retention.maxEntries",
-                    DEFAULT_MAX_ENTRIES.to_string(),
-                    "Entries kept per topic in the logs this adapter creates; older ones are trimmed.",
-                ),
-                option(
-                    "epoch",
-                    String::new(),
-                    "Stamped into the ids of every log this adapter creates (default: a fresh random id per log).",
-                ),
-                option(
-                    "prefix",
-                    DEFAULT_PREFIX.to_string(),
-                    "Namespace of every log, queue and channel name in the store.",
-                ),
-                option(
-                    "queue.visibilityMs",
-                    DEFAULT_VISIBILITY_MS.to_string(),
-                    "Lease a consumer takes on a delivery; renewed every third of it until settled.",
-                ),
-            ],
+            options: wrpc_broker_guest::option_infos!(OPTIONS),
         }
     }
 
@@ -194,7 +175,7 @@ impl Guest for Component {
     }
 
     async fn close() {
-        queue::stop_all().await;
+        wrpc_broker_guest::queue::stop_all().await;
         direct::stop_all().await;
     }
 }

@@ -16,8 +16,6 @@ pub(crate) const KEY: &str = "x-wrpc-key";
 pub(crate) const ATTEMPT: &str = wrpc_broker_guest::headers::ATTEMPT;
 /// Not deliverable before this time (ms since the Unix epoch, decimal): a delayed retry.
 pub(crate) const NOT_BEFORE: &str = "x-wrpc-not-before";
-/// A dead-letter reason (text, one line).
-pub(crate) const DEAD_REASON: &str = wrpc_broker_guest::headers::DEAD_REASON;
 /// A direct packet's correlation id (base64url).
 pub(crate) const CORRELATION_ID: &str = "x-wrpc-correlation-id";
 /// A direct packet's reply-to address (base64url).

@@ -36,7 +36,7 @@ use std::rc::Rc;
 
 use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
 use wrpc::nats::client::NatsError;
-use wrpc_broker_guest::options::Options;
+use wrpc_broker_guest::options::{self, Options, Spec};
 use wrpc_broker_guest::{Error, host};
 
 /// The component; it implements every exported interface.
@@ -45,10 +45,35 @@ export!(Component);
 
 /// The default of option `prefix`.
 const DEFAULT_PREFIX: &str = "wrpc";
-/// The default of option `retention.maxEntries`.
-const DEFAULT_MAX_ENTRIES: u32 = 10_000;
-/// The default of option `queue.ackWaitMs`.
-const DEFAULT_ACK_WAIT_MS: u32 = 30_000;
+
+/// The options this adapter takes (`describe` lists them, `init` reads them).
+const OPTIONS: &[Spec] = &[
+    Spec {
+        name: "prefix",
+        default: DEFAULT_PREFIX,
+        doc: "Namespace of every subject and stream ([A-Za-z0-9-], at most 32).",
+    },
+    Spec {
+        name: "retention.maxEntries",
+        default: "10000",
+        doc: "max_msgs of the log streams this adapter creates (older entries are trimmed).",
+    },
+    Spec {
+        name: options::VISIBILITY_MS,
+        default: "30000",
+        doc: "ack_wait of the queue consumers; held deliveries get +WPI every half of it.",
+    },
+    Spec {
+        name: "storage",
+        default: "file",
+        doc: "Storage of the streams this adapter creates: file or memory.",
+    },
+    Spec {
+        name: "replicas",
+        default: "1",
+        doc: "num_replicas of the streams this adapter creates.",
+    },
+];
 /// How many items one read of a driver stream takes at most.
 const BATCH: usize = 256;
 /// The characters a name keeps in a subject token or stream name.
@@ -64,8 +89,8 @@ pub(crate) struct Config {
     pub(crate) prefix: String,
     /// `max_msgs` of the log streams this adapter creates.
     pub(crate) max_entries: u32,
-    /// `ack_wait` of the queue consumers, in milliseconds.
-    pub(crate) ack_wait_ms: u32,
+    /// `ack_wait` of the queue consumers, in milliseconds (option `queue.visibilityMs`).
+    pub(crate) visibility_ms: u32,
     /// `file` or `memory`: where the streams this adapter creates are stored.
     pub(crate) storage: String,
     /// `num_replicas` of the streams this adapter creates.
@@ -74,21 +99,16 @@ pub(crate) struct Config {
 
 impl Config {
     /// Read the `init` options; an unknown option or a bad value is a bad request naming it.
-    fn from_options(generation: u32, options: Vec<(String, String)>) -> Result<Self, Error> {
-        let mut options = Options::new(options)?;
+    fn from_options(generation: u32, given: Vec<(String, String)>) -> Result<Self, Error> {
+        let options = Options::new(OPTIONS, given)?;
         let config = Config {
             generation,
-            prefix: options
-                .string("prefix")
-                .unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
-            max_entries: options.parse("retention.maxEntries", DEFAULT_MAX_ENTRIES)?,
-            ack_wait_ms: options.parse("queue.ackWaitMs", DEFAULT_ACK_WAIT_MS)?,
-            storage: options
-                .string("storage")
-                .unwrap_or_else(|| "file".to_string()),
-            replicas: options.parse("replicas", 1)?,
+            prefix: options.text("prefix").unwrap_or_default(),
+            max_entries: options.at_least("retention.maxEntries", 1)?,
+            visibility_ms: options.at_least(options::VISIBILITY_MS, 100)?,
+            storage: options.text("storage").unwrap_or_default(),
+            replicas: options.at_least("replicas", 1)?,
         };
-        options.finish()?;
         if config.prefix.is_empty()
             || config.prefix.len() > 32
             || !config
@@ -100,22 +120,12 @@ impl Config {
                 "option `prefix` must be 1 to 32 of [A-Za-z0-9-]",
             ));
         }
-        if config.max_entries == 0 {
-            return Err(Error::bad_request(
-                "option `retention.maxEntries` must be at least 1",
-            ));
-        }
-        if config.ack_wait_ms < 100 {
-            return Err(Error::bad_request(
-                "option `queue.ackWaitMs` must be at least 100",
-            ));
-        }
         if config.storage != "file" && config.storage != "memory" {
             return Err(Error::bad_request(
                 "option `storage` must be `file` or `memory`",
             ));
         }
-        if config.replicas == 0 || config.replicas > 5 {
+        if config.replicas > 5 {
             return Err(Error::bad_request("option `replicas` must be 1 to 5"));
         }
         Ok(config)
@@ -166,42 +176,11 @@ pub(crate) fn nats_error(e: NatsError) -> Error {
 
 impl Guest for Component {
     fn describe() -> Info {
-        let option = |name: &str, default: String, doc: &str| OptionInfo {
-            name: name.to_string(),
-            default_value: default,
-            doc: doc.to_string(),
-        };
         Info {
             name: "nats".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             broker: "nats".to_string(),
-            options: vec![
-                option(
-                    "prefix",
-                    DEFAULT_PREFIX.to_string(),
-                    "Namespace of every subject and stream ([A-Za-z0-9-], at most 32).",
-                ),
-                option(
-                    "retention.maxEntries",
-                    DEFAULT_MAX_ENTRIES.to_string(),
-                    "max_msgs of the log streams this adapter creates (older entries are trimmed).",
-                ),
-                option(
-                    "queue.ackWaitMs",
-                    DEFAULT_ACK_WAIT_MS.to_string(),
-                    "ack_wait of the queue consumers; held deliveries get +WPI every half of it.",
-                ),
-                option(
-                    "storage",
-                    "file".to_string(),
-                    "Storage of the streams this adapter creates: file or memory.",
-                ),
-                option(
-                    "replicas",
-                    "1".to_string(),
-                    "num_replicas of the streams this adapter creates.",
-                ),
-            ],
+            options: wrpc_broker_guest::option_infos!(OPTIONS),
         }
     }
 
@@ -212,7 +191,7 @@ impl Guest for Component {
     }
 
     async fn close() {
-        queue::stop_all().await;
+        wrpc_broker_guest::queue::stop_all().await;
         direct::stop_all().await;
     }
 }

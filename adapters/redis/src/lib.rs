@@ -34,7 +34,7 @@ use std::rc::Rc;
 
 use exports::wrpc::broker::adapter::{Guest, Info, OptionInfo};
 use wrpc::redis::client::{self, Frame, RedisError};
-use wrpc_broker_guest::options::Options;
+use wrpc_broker_guest::options::{self, Options, Spec};
 use wrpc_broker_guest::{Error, Headers, host};
 
 /// The component; it implements every exported interface.
@@ -43,10 +43,25 @@ export!(Component);
 
 /// The default of option `prefix`.
 const DEFAULT_PREFIX: &str = "wrpc";
-/// The default of option `retention.maxEntries`.
-const DEFAULT_MAX_ENTRIES: u32 = 10_000;
-/// The default of option `queue.visibilityMs`.
-const DEFAULT_VISIBILITY_MS: u32 = 30_000;
+
+/// The options this adapter takes (`describe` lists them, `init` reads them).
+const OPTIONS: &[Spec] = &[
+    Spec {
+        name: "prefix",
+        default: DEFAULT_PREFIX,
+        doc: "Namespace of every key, as the hash tag `{prefix}`.",
+    },
+    Spec {
+        name: "retention.maxEntries",
+        default: "10000",
+        doc: "Entries kept per log stream (XADD MAXLEN =, exact); older ones are trimmed.",
+    },
+    Spec {
+        name: options::VISIBILITY_MS,
+        default: "30000",
+        doc: "Idle time after which any consumer reclaims a delivery (XAUTOCLAIM); held ones are refreshed every third of it.",
+    },
+];
 
 /// What `init` configured; fixed for the life of the instance.
 pub(crate) struct Config {
@@ -65,34 +80,19 @@ pub(crate) struct Config {
 
 impl Config {
     /// Read the `init` options; an unknown option or a bad value is a bad request naming it.
-    fn from_options(generation: u32, options: Vec<(String, String)>) -> Result<Self, Error> {
-        let mut options = Options::new(options)?;
-        let prefix = options
-            .string("prefix")
-            .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
-        let max_entries = options.parse("retention.maxEntries", DEFAULT_MAX_ENTRIES)?;
-        let visibility_ms = options.parse("queue.visibilityMs", DEFAULT_VISIBILITY_MS)?;
-        options.finish()?;
+    fn from_options(generation: u32, given: Vec<(String, String)>) -> Result<Self, Error> {
+        let options = Options::new(OPTIONS, given)?;
+        let prefix = options.text("prefix").unwrap_or_default();
         if prefix.is_empty() || prefix.contains(['{', '}']) {
             return Err(Error::bad_request(
                 "option `prefix` must be non-empty and free of `{` and `}`",
             ));
         }
-        if max_entries == 0 {
-            return Err(Error::bad_request(
-                "option `retention.maxEntries` must be at least 1",
-            ));
-        }
-        if visibility_ms < 30 {
-            return Err(Error::bad_request(
-                "option `queue.visibilityMs` must be at least 30",
-            ));
-        }
         Ok(Config {
             generation,
             prefix,
-            max_entries,
-            visibility_ms,
+            max_entries: options.at_least("retention.maxEntries", 1)?,
+            visibility_ms: options.at_least(options::VISIBILITY_MS, 30)?,
             scripts: Scripts::default(),
         })
     }
@@ -434,32 +434,11 @@ pub(crate) fn headers_field(data: Option<&[u8]>) -> Headers {
 
 impl Guest for Component {
     fn describe() -> Info {
-        let option = |name: &str, default: String, doc: &str| OptionInfo {
-            name: name.to_string(),
-            default_value: default,
-            doc: doc.to_string(),
-        };
         Info {
             name: "redis".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             broker: "redis".to_string(),
-            options: vec![
-                option(
-                    "retention.maxEntries",
-                    DEFAULT_MAX_ENTRIES.to_string(),
-                    "Entries kept per log stream (XADD MAXLEN =, exact); older ones are trimmed.",
-                ),
-                option(
-                    "prefix",
-                    DEFAULT_PREFIX.to_string(),
-                    "Namespace of every key, as the hash tag `{prefix}`.",
-                ),
-                option(
-                    "queue.visibilityMs",
-                    DEFAULT_VISIBILITY_MS.to_string(),
-                    "Idle time after which any consumer reclaims a delivery (XAUTOCLAIM); held ones are refreshed every third of it.",
-                ),
-            ],
+            options: wrpc_broker_guest::option_infos!(OPTIONS),
         }
     }
 
@@ -487,7 +466,7 @@ impl Guest for Component {
     }
 
     async fn close() {
-        queue::stop_all().await;
+        wrpc_broker_guest::queue::stop_all().await;
         direct::stop_all().await;
         log::stop_all();
     }

@@ -13,14 +13,12 @@
 //! at `TIME + d` (d = 0: `XADD` it); release → `XADD` a copy with the same attempt (back of the
 //! queue); dead-letter → `XADD` to the dead-letter stream with `x-wrpc-dead-reason` and
 //! `x-wrpc-attempt`. An entry no longer pending (reclaimed and settled elsewhere) is left alone.
-//! A refused script is tried again after 10, 20 and 40 ms; if it still fails the message is
-//! handed back — made idle at once (`XCLAIM … IDLE`) so the next `XAUTOCLAIM` sweep takes it —
-//! never moved past, and the consumer is unhealthy until a settlement lands.
+//! The SDK's queue machinery tries a refused script again after 10, 20 and 40 ms; if it still
+//! fails the message is handed back — made idle at once (`XCLAIM … IDLE`) so the next
+//! `XAUTOCLAIM` sweep takes it — never moved past, and the consumer is unhealthy until a
+//! settlement lands.
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
-use std::pin::pin;
-use std::rc::Rc;
+use std::cell::Cell;
 
 use crate::exports::wrpc::broker::queue::{
     ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement,
@@ -28,10 +26,12 @@ use crate::exports::wrpc::broker::queue::{
 use crate::{
     Component, Reply, args, blocking, cmd, config, encode_headers, eval, headers_field, pipeline,
 };
-use futures::future::{Either, select};
-use wit_bindgen::{StreamReader, StreamWriter};
-use wrpc_broker_guest::signal::{Latch, Notify};
+use wit_bindgen::StreamReader;
+use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
+use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, Headers, Tag, headers, host};
+
+wrpc_broker_guest::queue_conversions!(crate::exports::wrpc::broker::queue);
 
 /// Settle one entry. KEYS: queue stream, target (stream or delayed set). ARGV: the marker
 /// `wrpc-settle` (fault injection matches it), group, entry id, op (`ack`, `copy`, `delay`),
@@ -85,68 +85,23 @@ const READ_BLOCK_MS: u64 = 250;
 const MOVER_MAX_MS: u64 = 200;
 /// Delayed retries moved per script call at most.
 const MOVE_BATCH: u32 = 256;
-/// The pauses before each new try of a refused settlement, in milliseconds.
-const REFUSED_BACKOFF_MS: [u32; 3] = [10, 20, 40];
-/// How long a settle call keeps trying while the connection is down, in milliseconds.
+/// How long a settle script keeps trying while the connection is down, in milliseconds.
 const SETTLE_PATIENCE_MS: u64 = 5_000;
 
-/// A delivery the consumer holds and nobody has settled yet.
-#[derive(Clone)]
-struct Held {
-    /// The stream entry id.
-    id: Vec<u8>,
-    body: Vec<u8>,
-    /// The stored headers, `x-wrpc-attempt` included.
-    headers: Headers,
-}
-
-/// The mutable part of a consumer.
-struct Ledger {
-    unsettled: BTreeMap<u64, Held>,
-    /// Taken out of `unsettled` by a settle in progress; still counted against the prefetch.
-    settling: usize,
-    /// False since a settlement failed, until one lands.
-    settled_ok: bool,
-    /// False while reading fails (connection lost, missing group).
-    reading_ok: bool,
-}
-
-/// A live consumer.
-struct Consumer {
+/// One consumer's side of Redis: a member of the queue's group.
+struct GroupMember {
     /// The queue stream, its delayed set and the dead-letter stream.
     key: Vec<u8>,
     delayed: Vec<u8>,
     dlq: Vec<u8>,
     /// This group member's name.
     name: String,
-    prefetch: u32,
     visibility_ms: u32,
-    generation: u32,
-    ledger: RefCell<Ledger>,
-    /// Run an `XAUTOCLAIM` sweep at the next turn (a delivery was handed back).
+    /// When the next look at the delayed set and the next `XAUTOCLAIM` sweep are due.
+    next_move: Cell<u64>,
+    next_claim: Cell<u64>,
+    /// Sweep at the next receive (a delivery was handed back).
     claim_now: Cell<bool>,
-    stop: Latch,
-    ended: Latch,
-    /// Fires when a delivery leaves the ledger or a sweep is asked for.
-    settled: Notify,
-}
-
-thread_local! {
-    static CONSUMERS: RefCell<BTreeMap<ConsumerId, Rc<Consumer>>> = const { RefCell::new(BTreeMap::new()) };
-    static NEXT_ID: Cell<ConsumerId> = const { Cell::new(1) };
-    static NEXT_SEQ: Cell<u64> = const { Cell::new(1) };
-}
-
-fn consumer(id: ConsumerId) -> Option<Rc<Consumer>> {
-    CONSUMERS.with_borrow(|m| m.get(&id).cloned())
-}
-
-/// Stop every live consumer (`close`).
-pub(crate) async fn stop_all() {
-    let ids: Vec<ConsumerId> = CONSUMERS.with_borrow(|m| m.keys().copied().collect());
-    for id in ids {
-        <Component as Guest>::stop(id).await;
-    }
 }
 
 /// Create the group (from the start of the stream, creating the stream); existing is fine.
@@ -157,8 +112,8 @@ async fn ensure_group(key: &[u8]) -> Result<(), Error> {
     }
 }
 
-/// Stream entries `[[id, [field, value, …]], …]` as (id, body, headers); deleted ones skipped.
-fn stored(entries: &[Reply]) -> Vec<Held> {
+/// Stream entries `[[id, [field, value, …]], …]` as deliveries to hold; deleted ones skipped.
+fn stored(entries: &[Reply]) -> Vec<Received<Vec<u8>>> {
     entries
         .iter()
         .filter_map(|raw| {
@@ -168,46 +123,22 @@ fn stored(entries: &[Reply]) -> Vec<Held> {
             if fields.array().is_empty() {
                 return None;
             }
-            Some(Held {
-                id,
+            let headers: Headers = headers_field(fields.field("h").and_then(Reply::bytes));
+            Some(Received {
+                handle: id,
                 body: fields
                     .field("b")
                     .and_then(Reply::bytes)
                     .unwrap_or_default()
                     .to_vec(),
-                headers: headers_field(fields.field("h").and_then(Reply::bytes)),
+                attempt: headers::attempt(&headers),
+                headers: headers::without_attempt(headers),
             })
         })
         .collect()
 }
 
-impl Consumer {
-    fn room(&self) -> u32 {
-        let ledger = self.ledger.borrow();
-        let held = ledger.unsettled.len() + ledger.settling;
-        self.prefetch
-            .saturating_sub(u32::try_from(held).unwrap_or(u32::MAX))
-    }
-
-    fn hold(&self, held: Held) -> Delivery {
-        let seq = NEXT_SEQ.replace(NEXT_SEQ.get() + 1);
-        let delivery = Delivery {
-            tag: Tag {
-                generation: self.generation,
-                seq,
-            },
-            body: held.body.clone(),
-            headers: headers::without_attempt(held.headers.clone()),
-            attempt: headers::attempt(&held.headers),
-        };
-        self.ledger.borrow_mut().unsettled.insert(seq, held);
-        delivery
-    }
-
-    fn set_reading(&self, ok: bool) {
-        self.ledger.borrow_mut().reading_ok = ok;
-    }
-
+impl GroupMember {
     /// Move due delayed retries; milliseconds until the next look.
     async fn move_due(&self) -> u64 {
         match eval(
@@ -226,7 +157,7 @@ impl Consumer {
     }
 
     /// Reclaim up to `room` entries idle longer than the visibility (any consumer's).
-    async fn claim(&self, room: u32) -> Vec<Held> {
+    async fn claim(&self, room: u32) -> Result<Vec<Received<Vec<u8>>>, Error> {
         let call = args![
             "XAUTOCLAIM",
             &self.key,
@@ -237,57 +168,62 @@ impl Consumer {
             "COUNT",
             room
         ];
-        match cmd(call).await {
-            Ok(reply) => {
-                let parts = reply.array();
-                let claimed = parts.get(1).map(|r| stored(r.array())).unwrap_or_default();
-                // Entries deleted while pending: nothing to deliver, just forget them.
-                let deleted: Vec<Vec<u8>> = parts
-                    .get(2)
-                    .map(|r| {
-                        r.array()
-                            .iter()
-                            .filter_map(|d| d.bytes().map(<[u8]>::to_vec))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if !deleted.is_empty() {
-                    let mut ack = args!["XACK", &self.key, GROUP];
-                    ack.extend(deleted);
-                    let _ = cmd(ack).await;
-                }
-                if !claimed.is_empty() {
-                    wrpc_broker_guest::debug!("reclaimed {} idle deliveries", claimed.len());
-                }
-                claimed
-            }
-            Err(e) => {
-                self.note_read_error(&e).await;
-                Vec::new()
-            }
+        let reply = cmd(call).await?;
+        let parts = reply.array();
+        let claimed = parts.get(1).map(|r| stored(r.array())).unwrap_or_default();
+        // Entries deleted while pending: nothing to deliver, just forget them.
+        let deleted: Vec<Vec<u8>> = parts
+            .get(2)
+            .map(|r| {
+                r.array()
+                    .iter()
+                    .filter_map(|d| d.bytes().map(<[u8]>::to_vec))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !deleted.is_empty() {
+            let mut ack = args!["XACK", &self.key, GROUP];
+            ack.extend(deleted);
+            let _ = cmd(ack).await;
         }
+        if !claimed.is_empty() {
+            wrpc_broker_guest::debug!("reclaimed {} idle deliveries", claimed.len());
+        }
+        Ok(claimed)
     }
 
-    /// Reset the idle time of every delivery held, so nobody reclaims it.
-    async fn refresh(&self) {
-        let ids: Vec<Vec<u8>> = self
-            .ledger
-            .borrow()
-            .unsettled
-            .values()
-            .map(|h| h.id.clone())
-            .collect();
-        if ids.is_empty() {
-            return;
+    /// New entries for this member, blocking at most until the next look at the delayed set.
+    async fn read(&self, room: u32) -> Result<Vec<Received<Vec<u8>>>, Error> {
+        let block = self
+            .next_move
+            .get()
+            .saturating_sub(host::now_ms())
+            .clamp(1, READ_BLOCK_MS);
+        let call = args![
+            "XREADGROUP",
+            "GROUP",
+            GROUP,
+            &self.name,
+            "COUNT",
+            room,
+            "BLOCK",
+            block,
+            "STREAMS",
+            &self.key,
+            ">"
+        ];
+        let reply = blocking(call).await?;
+        let mut batch = Vec::new();
+        for stream in reply.array() {
+            if let Some(entries) = stream.array().get(1) {
+                batch.extend(stored(entries.array()));
+            }
         }
-        let mut call = args!["XCLAIM", &self.key, GROUP, &self.name, "0"];
-        call.extend(ids);
-        call.push(b"JUSTID".to_vec());
-        let _ = cmd(call).await;
+        Ok(batch)
     }
 
+    /// A failed read: a group lost with the server's data is created again.
     async fn note_read_error(&self, e: &Error) {
-        self.set_reading(false);
         if let Error::Internal(m) = e
             && m.contains("NOGROUP")
         {
@@ -298,173 +234,35 @@ impl Consumer {
         }
     }
 
-    /// Read, reclaim, refresh and move until stopped or the host drops the stream; then hand
-    /// back what is unsettled.
-    async fn pump(self: Rc<Self>, mut to: StreamWriter<Delivery>) {
-        let refresh_every = u64::from(self.visibility_ms / 3).max(10);
-        let claim_every = u64::from(self.visibility_ms / 2).clamp(10, 5_000);
-        let now = host::now_ms();
-        let (mut next_move, mut next_claim, mut next_refresh) = (now, now, now + refresh_every);
-        while !self.stop.is_set() {
-            let now = host::now_ms();
-            if now >= next_move {
-                next_move = host::now_ms() + self.move_due().await;
-            }
-            if now >= next_refresh {
-                self.refresh().await;
-                next_refresh = now + refresh_every;
-            }
-            let mut batch = Vec::new();
-            let room = self.room();
-            if room > 0 && (now >= next_claim || self.claim_now.replace(false)) {
-                batch.extend(self.claim(room).await);
-                next_claim = now + claim_every;
-            }
-            let room = room.saturating_sub(batch.len() as u32);
-            if batch.is_empty() && room > 0 {
-                let block = next_move
-                    .saturating_sub(host::now_ms())
-                    .clamp(1, READ_BLOCK_MS);
-                let call = args![
-                    "XREADGROUP",
-                    "GROUP",
-                    GROUP,
-                    &self.name,
-                    "COUNT",
-                    room,
-                    "BLOCK",
-                    block,
-                    "STREAMS",
-                    &self.key,
-                    ">"
-                ];
-                match blocking(call).await {
-                    Ok(reply) => {
-                        self.set_reading(true);
-                        for stream in reply.array() {
-                            if let Some(entries) = stream.array().get(1) {
-                                batch.extend(stored(entries.array()));
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        self.note_read_error(&e).await;
-                        host::sleep(100).await;
-                    }
-                }
-            } else if batch.is_empty() {
-                let wait = next_move
-                    .min(next_refresh)
-                    .saturating_sub(host::now_ms())
-                    .clamp(1, READ_BLOCK_MS);
-                let settled = pin!(self.settled.notified());
-                let tick = pin!(host::sleep(wait as u32));
-                select(settled, select(tick, pin!(self.stop.wait()))).await;
-                continue;
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let deliveries: Vec<Delivery> = batch.into_iter().map(|h| self.hold(h)).collect();
-            if self.stop.is_set() {
-                break;
-            }
-            let write = pin!(to.write_all(deliveries));
-            match select(write, pin!(self.stop.wait())).await {
-                Either::Left((unsent, _)) if unsent.is_empty() => {}
-                _ => break,
-            }
-        }
-        drop(to);
-        self.stop.set();
-        self.release_all().await;
-        let _ = eval(
-            FORGET_CONSUMER,
-            vec![self.key.clone()],
-            args![GROUP, &self.name],
-        )
-        .await;
-        self.ended.set();
-    }
-
-    /// Put every unsettled delivery back on the queue (a copy with the same attempt); one that
-    /// cannot be copied is handed back for reclaiming.
-    async fn release_all(&self) {
-        let unsettled = std::mem::take(&mut self.ledger.borrow_mut().unsettled);
-        for held in unsettled.into_values() {
-            let id = held.id.clone();
-            if self.apply(held, Settlement::Release).await.is_err() {
-                self.hand_back(&id).await;
-            }
-        }
-    }
-
-    /// Make an entry claimable at once: idle as long as the visibility, so the next sweep (of
-    /// any consumer, this one included) takes it.
-    async fn hand_back(&self, id: &[u8]) {
-        let call = args![
-            "XCLAIM",
-            &self.key,
-            GROUP,
-            &self.name,
-            "0",
-            id,
-            "IDLE",
-            self.visibility_ms,
-            "JUSTID"
-        ];
-        let _ = cmd(call).await;
-        self.claim_now.set(true);
-        self.settled.notify();
-    }
-
-    /// The settle script of one settlement.
-    async fn apply(&self, held: Held, settlement: Settlement) -> Result<(), Error> {
-        let attempt = headers::attempt(&held.headers);
-        let (target, op, copy_headers, delay) = match settlement {
-            Settlement::Ack => (self.key.clone(), "ack", Vec::new(), 0),
-            Settlement::Retry(0) => (
-                self.key.clone(),
-                "copy",
-                headers::with_attempt(held.headers, attempt + 1),
-                0,
-            ),
-            Settlement::Retry(d) => (
-                self.delayed.clone(),
-                "delay",
-                headers::with_attempt(held.headers, attempt + 1),
-                d,
-            ),
-            Settlement::Release => (self.key.clone(), "copy", held.headers, 0),
-            Settlement::DeadLetter(reason) => (
-                self.dlq.clone(),
-                "copy",
-                headers::dead_letter(held.headers, &reason, attempt),
-                0,
-            ),
+    /// One settle script call (see [`SETTLE`]): acknowledge `held` and, for `copy` and `delay`,
+    /// write the copy to `target` in the same step. Safe to repeat: an entry already acked is
+    /// left alone, so it is tried again while the connection is down.
+    async fn script(
+        &self,
+        held: &Received<Vec<u8>>,
+        target: &[u8],
+        op: &str,
+        copy: Option<(Headers, u32)>,
+    ) -> Result<(), Error> {
+        let (body, copy_headers, delay) = match copy {
+            Some((headers, delay)) => (held.body.clone(), encode_headers(&headers), delay),
+            None => (Vec::new(), Vec::new(), 0),
         };
-        let body = if op == "ack" { Vec::new() } else { held.body };
         let argv = args![
             "wrpc-settle",
             GROUP,
-            held.id,
+            &held.handle,
             op,
             body,
-            encode_headers(&copy_headers),
+            copy_headers,
             delay,
             host::generate_id()
         ];
-        let keys = vec![self.key.clone(), target];
+        let keys = vec![self.key.clone(), target.to_vec()];
         let deadline = host::now_ms() + SETTLE_PATIENCE_MS;
-        let mut backoff = REFUSED_BACKOFF_MS.iter();
         loop {
             match eval(SETTLE, keys.clone(), argv.clone()).await {
                 Ok(_) => return Ok(()),
-                Err(Error::Refused(m)) => match backoff.next() {
-                    Some(pause) => host::sleep(*pause).await,
-                    None => return Err(Error::Refused(m)),
-                },
-                // The script is safe to repeat: an entry already acked is left alone.
                 Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
                     host::sleep(100).await
                 }
@@ -472,43 +270,99 @@ impl Consumer {
             }
         }
     }
+}
 
-    async fn settle(&self, tag: Tag, settlement: Settlement) -> Result<(), Error> {
-        if tag.generation != self.generation {
-            return Err(Error::stale(format!(
-                "tag from generation {}, this instance is {}",
-                tag.generation, self.generation
-            )));
+impl queue::Broker for GroupMember {
+    /// The stream entry id.
+    type Handle = Vec<u8>;
+
+    fn keep_alive_ms(&self) -> u32 {
+        (self.visibility_ms / 3).max(10)
+    }
+
+    async fn receive(&self, room: u32, _stop: &Latch) -> Result<Vec<Received<Vec<u8>>>, Error> {
+        let now = host::now_ms();
+        if now >= self.next_move.get() {
+            self.next_move.set(host::now_ms() + self.move_due().await);
         }
-        let held = {
-            let mut ledger = self.ledger.borrow_mut();
-            let held = ledger.unsettled.remove(&tag.seq).ok_or_else(|| {
-                Error::stale(format!(
-                    "delivery {} was already settled or handed back",
-                    tag.seq
-                ))
-            })?;
-            ledger.settling += 1;
-            held
+        if now >= self.next_claim.get() || self.claim_now.replace(false) {
+            let claim_every = u64::from(self.visibility_ms / 2).clamp(10, 5_000);
+            self.next_claim.set(now + claim_every);
+            let claimed = self.claim(room).await;
+            match claimed {
+                Ok(claimed) if claimed.is_empty() => {}
+                Ok(claimed) => return Ok(claimed),
+                Err(e) => {
+                    self.note_read_error(&e).await;
+                    return Err(e);
+                }
+            }
+        }
+        match self.read(room).await {
+            Ok(batch) => Ok(batch),
+            Err(e) => {
+                self.note_read_error(&e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Reset the idle time of every delivery held (`XCLAIM … JUSTID`), so nobody reclaims it.
+    async fn extend(&self, held: Vec<Vec<u8>>) {
+        let mut call = args!["XCLAIM", &self.key, GROUP, &self.name, "0"];
+        call.extend(held);
+        call.push(b"JUSTID".to_vec());
+        let _ = cmd(call).await;
+    }
+
+    async fn ack(&self, held: &Received<Vec<u8>>) -> Result<(), Error> {
+        self.script(held, &self.key, "ack", None).await
+    }
+
+    async fn copy_then_ack(&self, held: &Received<Vec<u8>>, copy: Copy<'_>) -> Result<(), Error> {
+        let headers = headers::with_attempt(copy.headers.clone(), copy.attempt);
+        let (target, op) = match copy.to {
+            CopyTo::DeadLetter => (&self.dlq, "copy"),
+            CopyTo::Queue if copy.delay_ms == 0 => (&self.key, "copy"),
+            CopyTo::Queue => (&self.delayed, "delay"),
         };
-        let id = held.id.clone();
-        let answer = self.apply(held, settlement).await;
-        if answer.is_err() {
-            self.hand_back(&id).await;
-        }
-        {
-            let mut ledger = self.ledger.borrow_mut();
-            ledger.settling -= 1;
-            ledger.settled_ok = answer.is_ok();
-        }
-        self.settled.notify();
-        if let Err(e) = &answer {
-            wrpc_broker_guest::warn!(
-                "settle failed after {} tries ({e:?}); message handed back",
-                REFUSED_BACKOFF_MS.len() + 1
-            );
-        }
-        answer
+        let copy = Some((headers, copy.delay_ms));
+        tried(|| self.script(held, target, op, copy.clone())).await
+    }
+
+    /// A copy with the same attempt at the back of the queue, in the same step as the ack.
+    async fn release(&self, held: &Received<Vec<u8>>) -> Result<(), Error> {
+        let headers = headers::with_attempt(held.headers.clone(), held.attempt);
+        self.script(held, &self.key, "copy", Some((headers, 0)))
+            .await
+    }
+
+    /// Make the entry claimable at once: idle as long as the visibility, so the next sweep (of
+    /// any consumer, this one included) takes it.
+    async fn hand_back(&self, held: &Received<Vec<u8>>) {
+        let call = args![
+            "XCLAIM",
+            &self.key,
+            GROUP,
+            &self.name,
+            "0",
+            &held.handle,
+            "IDLE",
+            self.visibility_ms,
+            "JUSTID"
+        ];
+        let _ = cmd(call).await;
+        self.claim_now.set(true);
+    }
+
+    /// Leave the group if nothing is pending for this member.
+    async fn finish(&self) {
+        let _ = eval(
+            FORGET_CONSUMER,
+            vec![self.key.clone()],
+            args![GROUP, &self.name],
+        )
+        .await;
     }
 }
 
@@ -551,62 +405,25 @@ impl Guest for Component {
         let dlq = opts.dead_letter.unwrap_or_else(|| format!("{queue}.dead"));
         let key = config.key("q", &queue)?;
         ensure_group(&key).await?;
-        let consumer = Rc::new(Consumer {
+        let now = host::now_ms();
+        let member = GroupMember {
             delayed: config.key("qd", &queue)?,
             dlq: config.key("q", &dlq)?,
             key,
             name: wrpc_broker_guest::ids::generate(),
-            prefetch: opts.prefetch,
             visibility_ms: config.visibility_ms,
-            generation: config.generation,
-            ledger: RefCell::new(Ledger {
-                unsettled: BTreeMap::new(),
-                settling: 0,
-                settled_ok: true,
-                reading_ok: true,
-            }),
+            next_move: Cell::new(now),
+            next_claim: Cell::new(now),
             claim_now: Cell::new(false),
-            stop: Latch::new(),
-            ended: Latch::new(),
-            settled: Notify::new(),
-        });
-        let id = NEXT_ID.replace(NEXT_ID.get() + 1);
-        CONSUMERS.with_borrow_mut(|m| m.insert(id, consumer.clone()));
+        };
         let (tx, rx) = crate::wit_stream::new::<Delivery>();
-        wit_bindgen::spawn_local(consumer.pump(tx));
-        Ok((id, rx))
+        Ok((
+            queue::start(member, opts.prefetch, config.generation, tx)?,
+            rx,
+        ))
     }
 
-    async fn settle(
-        consumer_id: ConsumerId,
-        batch: Vec<(Tag, Settlement)>,
-    ) -> Vec<Result<(), Error>> {
-        let Some(c) = consumer(consumer_id) else {
-            let closed = || Error::closed(format!("consumer {consumer_id} is not live"));
-            return batch.iter().map(|_| Err(closed())).collect();
-        };
-        let mut answers = Vec::with_capacity(batch.len());
-        for (tag, settlement) in batch {
-            answers.push(c.settle(tag, settlement).await);
-        }
-        answers
-    }
-
-    fn healthy(consumer_id: ConsumerId) -> Option<bool> {
-        consumer(consumer_id).map(|c| {
-            let ledger = c.ledger.borrow();
-            ledger.settled_ok && ledger.reading_ok
-        })
-    }
-
-    async fn stop(consumer_id: ConsumerId) {
-        let Some(c) = consumer(consumer_id) else {
-            return;
-        };
-        c.stop.set();
-        c.ended.wait().await;
-        CONSUMERS.with_borrow_mut(|m| m.remove(&consumer_id));
-    }
+    wrpc_broker_guest::queue_forwarding_exports!();
 
     async fn depth(queue: String) -> Result<u64, Error> {
         // Acknowledged entries are deleted, so the stream holds exactly the waiting and the

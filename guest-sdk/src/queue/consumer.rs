@@ -1,0 +1,272 @@
+//! One live consumer: its ledger, the pump that receives under the prefetch bound and writes
+//! deliveries, the keep-alive task, and settlement.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::rc::Rc;
+
+use futures::future::{Either, select};
+use wit_bindgen::StreamWriter;
+
+use super::{BACKOFF_MS, Broker, Copy, CopyTo, Delivery, Received, Settlement, tried};
+use crate::signal::{Latch, Notify};
+use crate::{Error, Tag, headers, host};
+
+/// How long the pump pauses after a failed receive, in milliseconds.
+const RECEIVE_PAUSE_MS: u32 = 100;
+
+thread_local! {
+    /// The next tag seq, unique across the consumers of this instance.
+    static NEXT_SEQ: Cell<u64> = const { Cell::new(1) };
+}
+
+/// A boxed future of this single-threaded instance.
+pub(super) type Boxed<T> = Pin<Box<dyn Future<Output = T>>>;
+
+/// A consumer whatever its broker, as the registry holds it.
+pub(super) trait Live {
+    /// Settle one delivery.
+    fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>>;
+    /// `queue.healthy`.
+    fn healthy(&self) -> bool;
+    /// Stop and resolve once what it held is handed back.
+    fn stop(self: Rc<Self>) -> Boxed<()>;
+}
+
+/// The mutable part of a consumer.
+struct Ledger<H> {
+    /// Unsettled deliveries by tag seq.
+    unsettled: BTreeMap<u64, Received<H>>,
+    /// Taken out of `unsettled` by a settle in progress; still counted against the prefetch.
+    settling: usize,
+    /// False since a settlement failed, until one lands.
+    settled_ok: bool,
+    /// False since a receive failed, until one succeeds.
+    receiving_ok: bool,
+}
+
+/// A live consumer on broker `B`.
+pub(super) struct Consumer<B: Broker> {
+    broker: B,
+    prefetch: u32,
+    generation: u32,
+    ledger: RefCell<Ledger<B::Handle>>,
+    /// Set by `stop`, a dropped delivery stream or a closed broker: take nothing more.
+    stop: Latch,
+    /// Set once the pump has ended and handed back what was unsettled.
+    ended: Latch,
+    /// Fires when a delivery leaves the ledger, making room under the prefetch.
+    settled: Notify,
+}
+
+impl<B: Broker> Consumer<B> {
+    /// A consumer that holds nothing yet.
+    pub(super) fn new(broker: B, prefetch: u32, generation: u32) -> Self {
+        Self {
+            broker,
+            prefetch,
+            generation,
+            ledger: RefCell::new(Ledger {
+                unsettled: BTreeMap::new(),
+                settling: 0,
+                settled_ok: true,
+                receiving_ok: true,
+            }),
+            stop: Latch::new(),
+            ended: Latch::new(),
+            settled: Notify::new(),
+        }
+    }
+
+    /// How many more deliveries the prefetch allows.
+    fn room(&self) -> u32 {
+        let ledger = self.ledger.borrow();
+        let held = ledger.unsettled.len() + ledger.settling;
+        self.prefetch
+            .saturating_sub(u32::try_from(held).unwrap_or(u32::MAX))
+    }
+
+    /// Record a received message as unsettled and make its delivery.
+    fn hold(&self, r: Received<B::Handle>) -> Delivery {
+        let seq = NEXT_SEQ.replace(NEXT_SEQ.get() + 1);
+        let delivery = Delivery {
+            tag: Tag {
+                generation: self.generation,
+                seq,
+            },
+            body: r.body.clone(),
+            headers: r.headers.clone(),
+            attempt: r.attempt,
+        };
+        self.ledger.borrow_mut().unsettled.insert(seq, r);
+        delivery
+    }
+
+    /// Receive while there is room under the prefetch and write deliveries to `to`, until
+    /// stopped, the host drops the stream or the broker closes; then hand back what is
+    /// unsettled and close `to`.
+    pub(super) async fn pump<D: From<Delivery> + 'static>(self: Rc<Self>, mut to: StreamWriter<D>) {
+        while !self.stop.is_set() {
+            let room = self.room();
+            if room == 0 {
+                let settled = pin!(self.settled.notified());
+                select(settled, pin!(self.stop.wait())).await;
+                continue;
+            }
+            // A receive is not cut short from here (the broker may stop it early on `stop`):
+            // what it took is held, and handed back below when stopping.
+            let received = self.broker.receive(room, &self.stop).await;
+            let batch = match received {
+                Ok(batch) => {
+                    self.ledger.borrow_mut().receiving_ok = true;
+                    batch
+                }
+                Err(e) => {
+                    self.ledger.borrow_mut().receiving_ok = false;
+                    crate::debug!("queue receive failed: {e:?}");
+                    if matches!(e, Error::Closed(_)) {
+                        break;
+                    }
+                    let pause = pin!(host::sleep(RECEIVE_PAUSE_MS));
+                    select(pause, pin!(self.stop.wait())).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let deliveries: Vec<D> = batch.into_iter().map(|r| D::from(self.hold(r))).collect();
+            let write = pin!(to.write_all(deliveries));
+            match select(write, pin!(self.stop.wait())).await {
+                Either::Left((unsent, _)) if unsent.is_empty() => {}
+                _ => break,
+            }
+        }
+        drop(to);
+        self.stop.set();
+        let unsettled = std::mem::take(&mut self.ledger.borrow_mut().unsettled);
+        if !unsettled.is_empty() {
+            self.broker
+                .hand_back_all(unsettled.into_values().collect())
+                .await;
+        }
+        self.broker.finish().await;
+        self.ended.set();
+    }
+
+    /// Extend every unsettled delivery every [`Broker::keep_alive_ms`], until stopped.
+    pub(super) async fn keep_alive(self: Rc<Self>) {
+        let period = self.broker.keep_alive_ms().max(1);
+        loop {
+            let tick = pin!(host::sleep(period));
+            if let Either::Right(_) = select(tick, pin!(self.stop.wait())).await {
+                return;
+            }
+            let handles: Vec<B::Handle> = {
+                let ledger = self.ledger.borrow();
+                ledger
+                    .unsettled
+                    .values()
+                    .map(|h| h.handle.clone())
+                    .collect()
+            };
+            if !handles.is_empty() {
+                self.broker.extend(handles).await;
+            }
+        }
+    }
+
+    /// The broker calls of one settlement; a copy is confirmed before the original is acked.
+    async fn apply(&self, held: &Received<B::Handle>, settlement: Settlement) -> Result<(), Error> {
+        match settlement {
+            Settlement::Ack => tried(|| self.broker.ack(held)).await,
+            Settlement::Release => tried(|| self.broker.release(held)).await,
+            Settlement::Retry(delay_ms) => {
+                let copy = Copy {
+                    to: CopyTo::Queue,
+                    headers: &held.headers,
+                    attempt: held.attempt + 1,
+                    delay_ms,
+                };
+                self.broker.copy_then_ack(held, copy).await
+            }
+            Settlement::DeadLetter(reason) => {
+                let mut dead = held.headers.clone();
+                headers::set(
+                    &mut dead,
+                    headers::DEAD_REASON,
+                    headers::dead_reason(&reason),
+                );
+                let copy = Copy {
+                    to: CopyTo::DeadLetter,
+                    headers: &dead,
+                    attempt: held.attempt,
+                    delay_ms: 0,
+                };
+                self.broker.copy_then_ack(held, copy).await
+            }
+        }
+    }
+
+    /// Settle the delivery `tag`; on failure hand the message back and answer `refused`.
+    async fn settle_one(&self, tag: Tag, settlement: Settlement) -> Result<(), Error> {
+        if tag.generation != self.generation {
+            return Err(Error::stale(format!(
+                "tag from generation {}, this instance is {}",
+                tag.generation, self.generation
+            )));
+        }
+        let held = {
+            let mut ledger = self.ledger.borrow_mut();
+            // The mutant keeps the delivery, so a second settlement of one tag applies too.
+            #[cfg(not(feature = "mutant-second-settlement-wins"))]
+            let held = ledger.unsettled.remove(&tag.seq);
+            #[cfg(feature = "mutant-second-settlement-wins")]
+            let held = ledger.unsettled.get(&tag.seq).cloned();
+            let held = held.ok_or_else(|| {
+                Error::stale(format!(
+                    "delivery {} was already settled or handed back",
+                    tag.seq
+                ))
+            })?;
+            ledger.settling += 1;
+            held
+        };
+        let answer = self.apply(&held, settlement).await;
+        if answer.is_err() {
+            self.broker.hand_back(&held).await;
+        }
+        {
+            let mut ledger = self.ledger.borrow_mut();
+            ledger.settling -= 1;
+            ledger.settled_ok = answer.is_ok();
+        }
+        self.settled.notify();
+        answer.map_err(|e| {
+            let why = format!(
+                "settlement failed after {} tries ({e:?}); message handed back",
+                BACKOFF_MS.len() + 1
+            );
+            crate::warn!("{why}");
+            Error::refused(why)
+        })
+    }
+}
+
+impl<B: Broker> Live for Consumer<B> {
+    fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>> {
+        Box::pin(async move { self.settle_one(tag, settlement).await })
+    }
+
+    fn healthy(&self) -> bool {
+        let ledger = self.ledger.borrow();
+        ledger.settled_ok && ledger.receiving_ok
+    }
+
+    fn stop(self: Rc<Self>) -> Boxed<()> {
+        self.stop.set();
+        Box::pin(async move { self.ended.wait().await })
+    }
+}
