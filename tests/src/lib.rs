@@ -1,13 +1,15 @@
 //! The contract suite every wrpc-broker adapter must pass: one module per capability, each test a
 //! function over a [`Factory`] that makes host instances sharing one broker (like Watermill's
 //! universal pub/sub tests). The cargo tests run it against every adapter component the
-//! workspace builds; `wrpc-broker check` runs it against any component file.
+//! workspace builds; `wrpc-broker check` runs it against any component file. Beyond it, the
+//! scenarios every server broker runs on a server of its own ([`restart`]).
 
 pub mod backplane;
 pub mod components;
 pub mod direct;
 pub mod log;
 pub mod queue;
+pub mod restart;
 pub mod support;
 pub mod workload;
 

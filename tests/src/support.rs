@@ -1,4 +1,5 @@
-//! Small helpers the contract tests share: bounded waits, unique names, readable assertions.
+//! Small helpers the contract tests share: bounded waits, retries, unique names, readable
+//! assertions.
 
 use std::time::Duration;
 
@@ -17,10 +18,39 @@ pub fn unique(prefix: &str) -> String {
 
 /// The next item of `stream`, or an error saying what did not arrive.
 pub async fn next<S: Stream + Unpin>(stream: &mut S, what: &str) -> anyhow::Result<S::Item> {
-    tokio::time::timeout(ARRIVAL, stream.next())
+    next_within(stream, ARRIVAL, what).await
+}
+
+/// The next item of `stream` within `within`, or an error saying what did not arrive.
+pub async fn next_within<S: Stream + Unpin>(
+    stream: &mut S,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<S::Item> {
+    tokio::time::timeout(within, stream.next())
         .await
-        .with_context(|| format!("{what}: nothing arrived within {ARRIVAL:?}"))?
+        .with_context(|| format!("{what}: nothing arrived within {within:?}"))?
         .with_context(|| format!("{what}: the stream ended"))
+}
+
+/// Call `f` until it succeeds, for `within` at most (a restarted server may still be loading);
+/// the error says `what` failed, and how the last try did.
+pub async fn retry<T, E, F, Fut>(within: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match f().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                bail!("{what}: still failing after {within:?}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }
 
 /// Fail if `stream` yields anything within [`SILENCE`].

@@ -26,21 +26,33 @@ pub async fn numbered_consumers(
     let handled: Handled = Arc::default();
     let mut consumers = Vec::new();
     for _ in 0..count {
-        let handled = handled.clone();
-        let handler = move |d: wrpc_broker::Delivery| {
-            let handled = handled.clone();
-            async move {
-                let n: usize = String::from_utf8_lossy(&d.body).parse()?;
-                if !work.is_zero() {
-                    tokio::time::sleep(work).await;
-                }
-                handled.lock().unwrap().insert(n);
-                Ok(())
-            }
-        };
-        consumers.push(queue.consume(name, handler, options.clone()).await?);
+        consumers.push(numbered_consumer(queue, name, &handled, options.clone(), work).await?);
     }
     Ok((consumers, handled))
+}
+
+/// One consumer of `name` like those of [`numbered_consumers`], recording into `handled` (which
+/// consumers of other host instances may share).
+pub async fn numbered_consumer(
+    queue: &Queue,
+    name: &str,
+    handled: &Handled,
+    options: ConsumeOptions,
+    work: Duration,
+) -> anyhow::Result<Consumer> {
+    let handled = handled.clone();
+    let handler = move |d: wrpc_broker::Delivery| {
+        let handled = handled.clone();
+        async move {
+            let n: usize = String::from_utf8_lossy(&d.body).parse()?;
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            handled.lock().unwrap().insert(n);
+            Ok(())
+        }
+    };
+    Ok(queue.consume(name, handler, options).await?)
 }
 
 /// Follow `reader`, checking each entry is the next number; ends with how many were read once
@@ -79,14 +91,23 @@ pub fn follow_in_order(
 
 /// Wait until `total` distinct messages were handled, for 60 s at most.
 pub async fn until_all_handled(handled: &Handled, total: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while handled.lock().unwrap().len() < total {
+    until_handled(handled, total, Duration::from_secs(60)).await
+}
+
+/// Wait until at least `count` distinct messages were handled, for `within` at most.
+pub async fn until_handled(
+    handled: &Handled,
+    count: usize,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while handled.lock().unwrap().len() < count {
         ensure!(
             Instant::now() < deadline,
-            "{} of {total} messages handled",
+            "{} of {count} messages handled within {within:?}",
             handled.lock().unwrap().len()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
 }

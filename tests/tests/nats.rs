@@ -1,36 +1,21 @@
-//! The NATS adapter beyond the contract suite (which `tests/contract.rs` runs against it): a
-//! restart test on a server of its own (killed and restarted mid queue run and mid log read:
-//! nothing lost) and a long-handler test (kept alive past `ack_wait` with `+WPI`) on the
+//! The NATS adapter beyond the contract suite (which `tests/contract.rs` runs against it): the
+//! suite's restart scenario on a server of its own (killed and restarted mid queue run and mid
+//! log read: nothing lost) and a long-handler test (kept alive past `ack_wait` with `+WPI`) on the
 //! `nats-server -js` at 127.0.0.1:4222. A missing server fails these tests: they are never
 //! skipped. The long-handler test works under a prefix of its own and deletes its streams at
 //! the end, so runs leave nothing behind on the shared server.
 
-use std::collections::BTreeSet;
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
 use wrpc_broker::drivers::nats::NatsDriver;
-use wrpc_broker::{AppendOptions, ConsumeOptions, Delivery, ProduceOptions, ReadFrom};
+use wrpc_broker::{ConsumeOptions, Delivery, ProduceOptions};
 use wrpc_broker_contract::Factory;
+use wrpc_broker_contract::restart::{self, ServerRecipe};
 
 /// The shared server the suite runs against.
 const URL: &str = "nats://127.0.0.1:4222";
-/// The port the restart test's own server prefers; a free one is taken when it is busy (two
-/// test runs at once on one machine).
-const RESTART_PORT: u16 = 4233;
-
-/// [`RESTART_PORT`] when free, else a free loopback port.
-fn restart_port() -> u16 {
-    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).ok();
-    let listener = free(RESTART_PORT)
-        .or_else(|| free(0))
-        .expect("a free loopback port");
-    listener.local_addr().expect("its address").port()
-}
 
 /// A fresh prefix (namespace of every subject and stream a test makes).
 fn fresh_prefix() -> String {
@@ -87,220 +72,17 @@ async fn delete_streams(url: &str, prefix: &str) {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Restart
-
-/// A `nats-server -js` of the test's own, on its own port with its own store directory.
-struct OwnServer {
-    child: Option<Child>,
-    port: u16,
-    store: PathBuf,
-}
-
-impl OwnServer {
-    fn start() -> Self {
-        let store =
-            std::env::temp_dir().join(format!("wrpc-nats-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&store).expect("a store directory");
-        let mut server = OwnServer {
-            child: None,
-            port: restart_port(),
-            store,
-        };
-        server.spawn();
-        server
-    }
-
-    fn spawn(&mut self) {
-        let binary = [
-            "nats-server",
-            "/usr/sbin/nats-server",
-            "/usr/local/bin/nats-server",
-        ]
-        .into_iter()
-        .find(|b| Command::new(b).arg("--version").output().is_ok())
-        .expect("nats-server is installed (the NATS tests never skip)");
-        let child = Command::new(binary)
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
-            .arg(&self.store)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not open port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Kill the server (SIGKILL: no goodbye) and start it again on the same store.
-    fn restart(&mut self) {
-        self.kill();
-        std::thread::sleep(Duration::from_millis(300));
-        self.spawn();
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.store);
-    }
-}
-
+/// The suite's restart scenario on a `nats-server -js` of the test's own, preferably on port
+/// 4233, with a store directory of its own (what JetStream acknowledged survives a kill of the
+/// process).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_restart_loses_nothing() {
-    let mut server = OwnServer::start();
-    let url: &'static str = format!("nats://127.0.0.1:{}", server.port).leak();
-    let factory = nats_factory(
-        url,
-        "wrpc",
-        vec![("queue.visibilityMs".into(), "2000".into())],
-    )
-    .await;
-    let broker = factory.instance().await.expect("a host instance");
-    let other = factory.instance().await.expect("a second host instance");
-
-    // A log read and a queue run, both mid-way when the server goes down.
-    let log = broker.log().unwrap();
-    for chunk in 0..3 {
-        let records = (chunk * 100..(chunk + 1) * 100)
-            .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
-            .collect();
-        log.append_batch("restart-log", records)
-            .await
-            .expect("appends");
-    }
-    let mut reader = other
-        .log()
-        .unwrap()
-        .read("restart-log", ReadFrom::Earliest)
-        .await
-        .expect("a reader");
-    let mut read = Vec::new();
-    while read.len() < 150 {
-        let entry = tokio::time::timeout(Duration::from_secs(10), reader.next())
-            .await
-            .expect("entries before the restart")
-            .expect("the reader is live")
-            .expect("an entry");
-        read.push(String::from_utf8_lossy(&entry.value).into_owned());
-    }
-
-    let queue = broker.queue().unwrap();
-    let messages = (0..300)
-        .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
-        .collect();
-    queue
-        .produce_batch("restart-queue", messages)
-        .await
-        .expect("produce");
-    let handled: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-    let mut consumers = Vec::new();
-    for host in [&broker, &other] {
-        let handled = handled.clone();
-        consumers.push(
-            host.queue()
-                .unwrap()
-                .consume(
-                    "restart-queue",
-                    move |d: Delivery| {
-                        let handled = handled.clone();
-                        async move {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            handled
-                                .lock()
-                                .unwrap()
-                                .insert(String::from_utf8_lossy(&d.body).into_owned());
-                            Ok(())
-                        }
-                    },
-                    ConsumeOptions {
-                        prefetch: 8,
-                        dead_letter: None,
-                    },
-                )
-                .await
-                .expect("a consumer"),
-        );
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while handled.lock().unwrap().len() < 50 {
-        assert!(Instant::now() < deadline, "the queue run did not start");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let before = handled.lock().unwrap().len();
-    server.restart();
-    println!(
-        "restarted the server with {before} of 300 messages handled and 150 of 300 entries read"
-    );
-
-    // After the restart: more work and more entries, through the same handles.
-    let messages = (300..400)
-        .map(|i| (format!("m{i}").into_bytes(), ProduceOptions::default()))
-        .collect();
-    queue
-        .produce_batch("restart-queue", messages)
-        .await
-        .expect("produce after the restart");
-    let records = (300..400)
-        .map(|i| (format!("v{i}").into_bytes(), AppendOptions::default()))
-        .collect();
-    log.append_batch("restart-log", records)
-        .await
-        .expect("appends after the restart");
-
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while handled.lock().unwrap().len() < 400 {
-        assert!(
-            Instant::now() < deadline,
-            "{} of 400 messages handled after the restart",
-            handled.lock().unwrap().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for c in &consumers {
-        c.stop().await;
-    }
-    while read.len() < 400 {
-        let entry = tokio::time::timeout(Duration::from_secs(30), reader.next())
-            .await
-            .unwrap_or_else(|_| panic!("entry {} of 400 after the restart", read.len()))
-            .expect("the reader is live")
-            .expect("an entry");
-        read.push(String::from_utf8_lossy(&entry.value).into_owned());
-    }
-    let expected: Vec<String> = (0..400).map(|i| format!("v{i}")).collect();
-    assert_eq!(
-        read, expected,
-        "the log read across the restart: every entry once, in order"
-    );
-    let all: BTreeSet<String> = (0..400).map(|i| format!("m{i}")).collect();
-    assert_eq!(
-        *handled.lock().unwrap(),
-        all,
-        "every message handled across the restart"
-    );
+async fn a_server_restart_loses_nothing() -> anyhow::Result<()> {
+    let server = ServerRecipe::new("nats-server", "apt-get install nats-server", 4233)
+        .args(["-js", "-a", "127.0.0.1", "-p", "{port}", "-sd", "{data}"])
+        .url("nats://127.0.0.1:{port}")
+        .option("prefix", "wrpc")
+        .option("queue.visibilityMs", "2000");
+    restart::a_server_restart_loses_nothing(server).await
 }
 
 /// A handler that runs far longer than `ack_wait` is not duplicated: the adapter keeps its
@@ -309,12 +91,7 @@ async fn a_server_restart_loses_nothing() {
 async fn a_long_handler_is_kept_alive_past_ack_wait() {
     require_server(4222);
     let prefix = fresh_prefix();
-    let factory = nats_factory(
-        URL,
-        &prefix,
-        vec![("queue.visibilityMs".into(), "600".into())],
-    )
-    .await;
+    let factory = nats_factory(URL, &prefix, vec![("queue.visibilityMs".into(), "600".into())]).await;
     let a = factory.instance().await.expect("a host instance");
     let b = factory.instance().await.expect("a second host instance");
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
