@@ -60,7 +60,8 @@ impl Factory {
     /// one in-process store), through the component at `component` or the adapter embedded for
     /// the URL, with `options` on every instance. Connects once now, so a broker that does not
     /// answer fails here. The features are discovered: the driver's fault hook, and count
-    /// retention when the adapter describes `retention.maxEntries`.
+    /// retention when the adapter describes `retention.maxEntries`, the visibility option when
+    /// it describes `queue.visibilityMs`.
     pub async fn for_url(
         url: &str,
         component: Option<PathBuf>,
@@ -89,10 +90,9 @@ impl Factory {
             });
         }
         let info = factory.instance().await?.info();
-        factory.features.retention_by_count = info
-            .options
-            .iter()
-            .any(|(name, _, _)| name == "retention.maxEntries");
+        let described = |option: &str| info.options.iter().any(|(name, _, _)| name == option);
+        factory.features.retention_by_count = described("retention.maxEntries");
+        factory.features.visibility = described("queue.visibilityMs");
         Ok(factory)
     }
 
@@ -156,6 +156,9 @@ pub struct Features {
     pub retention_by_count: bool,
     /// A fault hook that makes the broker refuse settlements on cue.
     pub refusals: bool,
+    /// The adapter takes `queue.visibilityMs` (how long a delivery stays with its consumer
+    /// before the broker may hand it to another).
+    pub visibility: bool,
 }
 
 /// One feature a test may need.
@@ -165,6 +168,8 @@ pub enum Feature {
     RetentionByCount,
     /// See [`Features::refusals`].
     Refusals,
+    /// See [`Features::visibility`].
+    Visibility,
 }
 
 impl Features {
@@ -173,6 +178,7 @@ impl Features {
         match feature {
             Feature::RetentionByCount => self.retention_by_count,
             Feature::Refusals => self.refusals,
+            Feature::Visibility => self.visibility,
         }
     }
 }
@@ -185,6 +191,7 @@ impl Feature {
                 "the backend retains by bytes or age, not by entry count (`retention.maxEntries`)"
             }
             Feature::Refusals => "the backend's driver has no fault hook to refuse settlements",
+            Feature::Visibility => "the adapter takes no `queue.visibilityMs` option",
         }
     }
 }

@@ -268,3 +268,51 @@ pub(super) async fn a_thousand_messages_with_random_failures_all_handled(
 fn rand_percent() -> u32 {
     (uuid::Uuid::new_v4().as_u128() % 100) as u32
 }
+
+/// A handler that runs five times the visibility keeps its delivery (the adapter extends what
+/// it holds): a competing consumer on another instance never gets a duplicate.
+pub(super) async fn a_long_handler_keeps_its_delivery_past_the_visibility(
+    f: Factory,
+) -> anyhow::Result<()> {
+    const VISIBILITY_MS: u64 = 300;
+    let visibility = VISIBILITY_MS.to_string();
+    let options = [("queue.visibilityMs", visibility.as_str())];
+    let (a, b) = (
+        f.instance_with(&options).await?,
+        f.instance_with(&options).await?,
+    );
+    let name = unique("long");
+    let runs: Arc<Mutex<Vec<(&'static str, u32)>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for (who, broker) in [("a", &a), ("b", &b)] {
+        let runs = runs.clone();
+        let handler = move |d: Delivery| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push((who, d.attempt));
+                tokio::time::sleep(Duration::from_millis(5 * VISIBILITY_MS)).await;
+                Ok(())
+            }
+        };
+        let options = ConsumeOptions {
+            prefetch: 1,
+            dead_letter: None,
+        };
+        consumers.push(broker.queue()?.consume(&name, handler, options).await?);
+    }
+    a.queue()?
+        .produce(&name, "slow", ProduceOptions::default())
+        .await?;
+    tokio::time::sleep(Duration::from_millis(8 * VISIBILITY_MS)).await;
+    for consumer in &consumers {
+        consumer.stop().await;
+    }
+    let runs = runs.lock().unwrap().clone();
+    ensure!(
+        runs.len() == 1 && runs[0].1 == 1,
+        "a message whose handler ran {} ms with a visibility of {VISIBILITY_MS} ms ran once, \
+         on attempt 1: {runs:?}",
+        5 * VISIBILITY_MS
+    );
+    Ok(())
+}

@@ -16,6 +16,7 @@ use wrpc_broker::{ConsumeOptions, Delivery, ProduceOptions, Queue};
 
 use crate::support::ARRIVAL;
 use consumers::{
+    a_long_handler_keeps_its_delivery_past_the_visibility,
     a_stopped_consumer_hands_unsettled_work_to_another,
     a_thousand_messages_with_random_failures_all_handled,
     competing_consumers_on_two_instances_share_the_work,
@@ -48,6 +49,7 @@ crate::contract_tests!(
     the_first_settlement_wins,
     the_adapter_refuses_a_second_settlement_of_one_tag,
     a_stopped_consumer_hands_unsettled_work_to_another,
+    a_long_handler_keeps_its_delivery_past_the_visibility [Visibility],
     a_thousand_messages_with_random_failures_all_handled,
     refused_settlements_hand_the_message_back_and_mark_unhealthy [Refusals],
     depth_counts_what_is_not_done_waiting_delayed_or_unsettled,
