@@ -18,3 +18,9 @@ scripts/services.sh
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release
+# The adapter template, written by `wrpc-broker new-adapter` outside the repository, built as the
+# README says and checked. Always in CI; elsewhere WRPC_SKIP_TEMPLATE_CHECK=1 skips it.
+if [ "${CI:-}" = true ] || [ -z "${WRPC_SKIP_TEMPLATE_CHECK:-}" ]; then
+  cargo build --release -p wrpc-broker-cli
+  scripts/template-check.sh "${CARGO_TARGET_DIR:-target}/release/wrpc-broker"
+fi

@@ -41,18 +41,24 @@ fn outer_target_dir() -> PathBuf {
         .unwrap_or_else(|| out.join("target"))
 }
 
-/// Tell cargo to rerun the build script when any component source changes.
+/// Tell cargo to rerun the build script when any component source changes. The adapter
+/// template (`adapters/template/`, no workspace member: the CLI embeds it) is left out, so that
+/// editing or building it does not rebuild the host. A new adapter folder changes `Cargo.lock`.
 pub fn rerun_if_sources_change() {
     let root = workspace_root();
-    for dir in [
+    let adapters = std::fs::read_dir(root.join("adapters"))
+        .expect("reading adapters/")
+        .map(|entry| entry.expect("reading adapters/").path())
+        .filter(|path| !path.ends_with("template"));
+    let fixed = [
         "wit",
         "guest-sdk",
-        "adapters",
         "tests/components",
         "Cargo.toml",
         "Cargo.lock",
-    ] {
-        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    ];
+    for path in fixed.iter().map(|dir| root.join(dir)).chain(adapters) {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{bench, check, demo, inspect, migrate};
+use crate::{bench, check, demo, inspect, migrate, new_adapter};
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +40,16 @@ enum Command {
         /// Only tests whose `capability/name` contains this.
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
+    },
+    /// Write a new adapter crate (the log and backplane capabilities on the memory broker, to
+    /// edit) with the WIT of this host, ready to build with
+    /// `cargo build --target wasm32-wasip2 --release` and to `check`.
+    NewAdapter {
+        /// The folder to create; it may exist if it is empty.
+        dir: PathBuf,
+        /// The crate name (default: the folder's name); the `.wasm` file is named after it.
+        #[arg(long, value_name = "CRATE")]
+        name: Option<String>,
     },
     /// Move a running host, with live work, from one broker to another and print each step:
     /// switched, consumers moved, queues drained, readers moved, old adapter closed.
@@ -92,6 +102,7 @@ impl Cli {
                     anyhow::bail!("the component failed the contract suite")
                 }
             }
+            Command::NewAdapter { dir, name } => new_adapter::run(&dir, name.as_deref()),
             Command::Migrate {
                 from,
                 to,

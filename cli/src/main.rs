@@ -1,6 +1,7 @@
 //! `wrpc-broker`: the command line of the host — run the `demo`, `inspect` an adapter
 //! component, `check` one against the contract suite, `bench` one against the native client,
-//! `migrate` a host with live work to another broker.
+//! `migrate` a host with live work to another broker, start a `new-adapter` crate from the
+//! template.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`); results go to stdout.
 
 mod bench;
@@ -9,6 +10,7 @@ mod cli;
 mod demo;
 mod inspect;
 mod migrate;
+mod new_adapter;
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
