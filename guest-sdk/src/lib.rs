@@ -15,7 +15,10 @@
 //! });
 //! ```
 
-/// Generated bindings for the imports every adapter shares.
+#![deny(missing_docs)]
+
+/// Generated bindings for the imports every adapter shares (the WIT documents them).
+#[allow(missing_docs)]
 pub mod bindings {
     wit_bindgen::generate!({
         inline: "package wrpc:guest-sdk; world shared { import wrpc:broker/host@0.1.0; }",

@@ -2,6 +2,9 @@
 //! and the capability exports the host calls (generated from `wit/broker`, world `host-view`).
 //! A component exports any subset of the capabilities; the loader looks each one up.
 
+// Generated: the WIT documents these items.
+#![allow(missing_docs)]
+
 wasmtime::component::bindgen!({
     path: "../wit/broker",
     world: "wrpc:broker/host-view",

@@ -5,6 +5,8 @@
 //! owns every broker connection (the drivers) and lends a component only what it was configured
 //! with.
 
+#![deny(missing_docs)]
+
 pub mod bindings;
 pub mod drivers;
 pub mod error;

@@ -4,6 +4,8 @@
 //! workspace builds; `wrpc-broker check` runs it against any component file. Beyond it, the
 //! scenarios every server broker runs on a server of its own ([`restart`]).
 
+#![deny(missing_docs)]
+
 pub mod backplane;
 pub mod components;
 pub mod direct;
