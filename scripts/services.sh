@@ -4,6 +4,9 @@
 #   Mosquitto 127.0.0.1:1883 (anonymous), Kafka 127.0.0.1:9092 (scripts/kafka.sh).
 # The first four come from Debian's packages, installed when absent; there is no systemd, so each
 # daemon is started directly. Running it again with everything up only prints.
+# A broker with an adapter folder keeps its server recipe there, `adapters/<name>/server.sh`
+# (`server_port` and `start_server`), found by the loop below; the rest are recipes here until
+# their adapters land.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,22 +32,6 @@ install() { # command, Debian package
     apt_updated=1
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
-}
-
-start_redis() {
-  install redis-server redis-server
-  mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
-  wait_for 6379
-}
-
-start_nats() {
-  install nats-server nats-server
-  mkdir -p /var/lib/nats-server
-  start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
-    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
-  wait_for 4222
 }
 
 # RabbitMQ's environment file is read by rabbitmq-server and by rabbitmqctl alike: the node is
@@ -88,18 +75,23 @@ start_kafka() {
   "$here/kafka.sh" start
 }
 
-ensure() { # name, port
+ensure() { # name, port [start function, default start_<name>]
   if listening "$2"; then
     say "$1 answers on 127.0.0.1:$2"
     return 0
   fi
   local began=$SECONDS
-  "start_$1"
+  "${3:-start_$1}"
   say "$1 started on 127.0.0.1:$2 in $((SECONDS - began)) s"
 }
 
-ensure redis 6379
-ensure nats 4222
+repo="$(cd "$here/.." && pwd)"
+for recipe in "$repo"/adapters/*/server.sh; do
+  name=$(basename "$(dirname "$recipe")")
+  # shellcheck source=/dev/null
+  source "$recipe"
+  ensure "$name" "$server_port" start_server
+done
 ensure rabbitmq 5672
 ensure mosquitto 1883
 ensure kafka 9092

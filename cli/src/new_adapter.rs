@@ -36,7 +36,7 @@ const WIT_DEPS: &[(&str, &str)] = embed!(
         "adapter.wit", "backplane.wit", "direct.wit", "host.wit",
         "log.wit", "queue.wit", "types.wit", "worlds.wit",
     ],
-    "wit/deps/memory/" <= "wit/memory/" ["store.wit"],
+    "wit/deps/memory/" <= "adapters/memory/wit/" ["store.wit"],
 );
 
 /// Write the template into `dir` (created if missing; an existing one must be empty) as crate
@@ -198,7 +198,7 @@ mod tests {
             files_below(&template, &["target", "wit/deps"]),
             embedded(TEMPLATE, "")
         );
-        for (package, dir) in [("broker", "wit/broker"), ("memory", "wit/memory")] {
+        for (package, dir) in [("broker", "wit/broker"), ("memory", "adapters/memory/wit")] {
             assert_eq!(
                 files_below(&root.join(dir), &[]),
                 embedded(WIT_DEPS, &format!("wit/deps/{package}/")),

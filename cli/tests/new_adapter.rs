@@ -49,7 +49,7 @@ fn new_adapter_writes_the_template_and_the_hosts_wit() {
         (".gitignore", "adapters/template/.gitignore"),
         ("wit/deps/broker/worlds.wit", "wit/broker/worlds.wit"),
         ("wit/deps/broker/log.wit", "wit/broker/log.wit"),
-        ("wit/deps/memory/store.wit", "wit/memory/store.wit"),
+        ("wit/deps/memory/store.wit", "adapters/memory/wit/store.wit"),
     ] {
         assert_eq!(read(&dir.join(written)), repo(source), "{written}");
     }

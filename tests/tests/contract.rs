@@ -7,6 +7,7 @@
 //! answer fails every test of its backend, never skips it. A test that needs a feature the
 //! backend lacks is listed as ignored, with the reason as its kind (`[skipped: …]`).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use wrpc_broker_contract::{Factory, Verdict, all, components, run_one, skip_reas
 /// A broker and the adapter the suite runs against.
 struct Backend {
     /// Its name, the first part of each test's name.
-    name: &'static str,
+    name: String,
     /// The broker URL.
     url: String,
     /// The component file; the adapter embedded for the URL when none.
@@ -25,46 +26,84 @@ struct Backend {
     options: Vec<(String, String)>,
 }
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
+/// A broker folder's `conformance.toml`: how the suite meets that broker.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Conformance {
+    /// The broker URL (the server `server.sh` in the same folder starts).
+    url: String,
+    /// An environment variable that, when set, replaces `url`.
+    url_env: Option<String>,
+    /// A `prefix` option no earlier run used (a namespace of its own on a shared server).
+    #[serde(default)]
+    fresh_prefix: bool,
+    /// Options every instance gets.
+    #[serde(default)]
+    options: std::collections::BTreeMap<String, String>,
 }
 
 /// A namespace no earlier run on a shared server used.
-fn fresh_prefix() -> Vec<(String, String)> {
+fn fresh_prefix() -> (String, String) {
     let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    vec![("prefix".to_string(), prefix)]
+    ("prefix".to_string(), prefix)
+}
+
+/// The backends of the broker folders, `adapters/<name>/conformance.toml`, by folder name: each
+/// runs the adapter embedded in the host for its URL. A broker adds its file, not a line here.
+fn broker_backends() -> Vec<Backend> {
+    let adapters = Path::new(env!("CARGO_MANIFEST_DIR")).join("../adapters");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&adapters)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", adapters.display()))
+        .map(|entry| {
+            entry
+                .expect("a folder entry")
+                .path()
+                .join("conformance.toml")
+        })
+        .filter(|path| path.is_file())
+        .collect();
+    found.sort();
+    found
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).expect("reading conformance.toml");
+            let config: Conformance =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let name = path.parent().and_then(Path::file_name).expect("a folder");
+            let mut options: Vec<(String, String)> = config.options.into_iter().collect();
+            if config.fresh_prefix {
+                options.push(fresh_prefix());
+            }
+            Backend {
+                name: name.to_string_lossy().into_owned(),
+                url: config
+                    .url_env
+                    .and_then(|var| std::env::var(var).ok())
+                    .unwrap_or(config.url),
+                component: None,
+                options,
+            }
+        })
+        .collect()
 }
 
 /// Every backend: the memory adapter from its file, a memory adapter that names its store
-/// queues, logs and channels its own way (the fault hook must not depend on our names), and the
-/// Redis and NATS adapters embedded in the host, on the servers `scripts/services.sh` starts.
+/// queues, logs and channels its own way (the fault hook must not depend on our names), and
+/// every broker folder's conformance config (Redis and NATS, on the servers
+/// `scripts/services.sh` starts).
 fn backends() -> Vec<Backend> {
-    vec![
-        Backend {
-            name: "memory",
-            url: "memory://".into(),
-            component: Some(components::MEMORY),
-            options: Vec::new(),
-        },
-        Backend {
-            name: "memory_other_names",
-            url: "memory://".into(),
-            component: Some(components::MEMORY_OTHER_NAMES),
-            options: Vec::new(),
-        },
-        Backend {
-            name: "redis",
-            url: env_or("WRPC_REDIS_URL", "redis://127.0.0.1:6379"),
-            component: None,
-            options: fresh_prefix(),
-        },
-        Backend {
-            name: "nats",
-            url: env_or("WRPC_NATS_URL", "nats://127.0.0.1:4222"),
-            component: None,
-            options: fresh_prefix(),
-        },
-    ]
+    let memory = |name: &str, component| Backend {
+        name: name.to_string(),
+        url: "memory://".into(),
+        component: Some(component),
+        options: Vec::new(),
+    };
+    let mut backends = vec![
+        memory("memory", components::MEMORY),
+        memory("memory_other_names", components::MEMORY_OTHER_NAMES),
+    ];
+    backends.extend(broker_backends());
+    backends
 }
 
 fn main() -> ExitCode {

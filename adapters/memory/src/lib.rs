@@ -11,7 +11,7 @@
 
 wit_bindgen::generate!({
     inline: "package wrpc:memory-adapter; world adapter { include wrpc:broker/full-adapter@0.1.0; import wrpc:memory/store@0.1.0; }",
-    path: ["../../wit/broker", "../../wit/memory"],
+    path: ["../../wit/broker", "wit"],
     with: {
         "wrpc:broker/types@0.1.0": wrpc_broker_guest::types,
         "wrpc:broker/host@0.1.0": wrpc_broker_guest::host,

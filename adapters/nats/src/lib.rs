@@ -16,7 +16,7 @@
 
 wit_bindgen::generate!({
     inline: "package wrpc:nats-adapter; world adapter { include wrpc:broker/full-adapter@0.1.0; import wrpc:nats/client@0.1.0; }",
-    path: ["../../wit/broker", "../../wit/nats"],
+    path: ["../../wit/broker", "wit"],
     with: {
         "wrpc:broker/types@0.1.0": wrpc_broker_guest::types,
         "wrpc:broker/host@0.1.0": wrpc_broker_guest::host,

@@ -16,7 +16,7 @@
 
 wit_bindgen::generate!({
     inline: "package wrpc:redis-adapter; world adapter { include wrpc:broker/full-adapter@0.1.0; import wrpc:redis/client@0.1.0; }",
-    path: ["../../wit/broker", "../../wit/redis"],
+    path: ["../../wit/broker", "wit"],
     with: {
         "wrpc:broker/types@0.1.0": wrpc_broker_guest::types,
         "wrpc:broker/host@0.1.0": wrpc_broker_guest::host,

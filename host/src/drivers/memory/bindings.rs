@@ -12,7 +12,7 @@ use crate::runtime::streams::{BatchProducer, PollBatch};
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-memory; world driver { import wrpc:memory/store@0.1.0; }",
-    path: "../wit/memory",
+    path: "../adapters/memory/wit",
     imports: { default: trappable },
 });
 

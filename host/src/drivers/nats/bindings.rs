@@ -13,7 +13,7 @@ use crate::runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-nats; world driver { import wrpc:nats/client@0.1.0; }",
-    path: "../wit/nats",
+    path: "../adapters/nats/wit",
     imports: { default: trappable },
 });
 

@@ -13,7 +13,7 @@ use crate::runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-redis; world driver { import wrpc:redis/client@0.1.0; }",
-    path: "../wit/redis",
+    path: "../adapters/redis/wit",
     imports: { default: trappable },
 });
 

@@ -5,7 +5,7 @@
 //! `Arc` between every host instance that opened the same memory broker, so two host instances
 //! on it behave like two processes on a real broker, and a trap or a hot-swap loses nothing.
 //!
-//! It offers four primitives, mirroring `wit/memory/store.wit` one-to-one:
+//! It offers four primitives, mirroring `adapters/memory/wit/store.wit` one-to-one:
 //! - **logs**: per-topic ordered entries with dense offsets, count-based retention and an epoch
 //!   stamped at creation; [`LogFollower`] tails a log and ends (never skips) when retention
 //!   trims past it;
