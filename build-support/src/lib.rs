@@ -22,14 +22,37 @@ pub struct Build<'a> {
     pub name: &'a str,
 }
 
-/// The workspace root: the parent of the calling crate's manifest dir.
+/// The workspace root: the nearest ancestor of the calling crate's manifest dir whose
+/// `Cargo.toml` has a `[workspace]` table.
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     manifest
         .ancestors()
-        .find(|dir| dir.join("Cargo.toml").exists() && dir.join("wit").is_dir())
-        .expect("the workspace root (a dir with Cargo.toml and wit/)")
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|toml| toml.lines().any(|l| l.trim() == "[workspace]"))
+        })
+        .expect("the workspace root (a Cargo.toml with [workspace])")
         .to_path_buf()
+}
+
+/// A driver crate's build script: build the adapter component `wrpc-adapter-<name>` (the
+/// folder above the driver) and export its path as `WRPC_<NAME>_COMPONENT`, for the driver's
+/// `include_bytes!` of the adapter it ships for its URLs.
+pub fn embed_adapter(name: &str) {
+    rerun_if_sources_change();
+    let package = format!("wrpc-adapter-{name}");
+    let build = Build {
+        package: &package,
+        features: &[],
+        name,
+    };
+    let path = build_all(std::slice::from_ref(&build)).remove(0);
+    println!(
+        "cargo:rustc-env=WRPC_{}_COMPONENT={}",
+        name.to_uppercase().replace('-', "_"),
+        path.display()
+    );
 }
 
 /// The outer target dir: the first ancestor of `OUT_DIR` holding `CACHEDIR.TAG`.

@@ -7,12 +7,10 @@
 
 #![deny(missing_docs)]
 
-pub mod bindings;
 pub mod drivers;
-pub mod error;
-pub mod ids;
-pub mod runtime;
-pub mod token;
+/// The component runtime (`host/runtime`): loading, sandbox, instances, streams.
+pub use wrpc_broker_runtime as runtime;
+pub use wrpc_broker_runtime::{bindings, error, ids, token};
 
 pub use error::{Error, Result};
 pub mod backplane;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 pub use bindings::add_to_linker;
 use connection::Connections;
 
-use super::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:redis/client";
@@ -52,16 +52,16 @@ impl std::fmt::Debug for RedisDriver {
 impl RedisDriver {
     /// Connect to the server at `url` (the first connection is made now, so a wrong URL or a
     /// server that is down fails here with `unavailable`).
-    pub async fn connect(url: &str) -> crate::Result<RedisDriver> {
+    pub async fn connect(url: &str) -> wrpc_broker_runtime::Result<RedisDriver> {
         let config = RedisConfig {
             url: url.to_string(),
         };
-        let conns = Connections::open(&config)
-            .map_err(|e| crate::Error::BadRequest(format!("redis URL `{url}`: {e:?}")))?;
-        conns
-            .shared()
-            .await
-            .map_err(|e| crate::Error::Unavailable(format!("redis at `{url}`: {e:?}")))?;
+        let conns = Connections::open(&config).map_err(|e| {
+            wrpc_broker_runtime::Error::BadRequest(format!("redis URL `{url}`: {e:?}"))
+        })?;
+        conns.shared().await.map_err(|e| {
+            wrpc_broker_runtime::Error::Unavailable(format!("redis at `{url}`: {e:?}"))
+        })?;
         Ok(RedisDriver {
             config,
             conns: Arc::new(conns),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 pub use bindings::add_to_linker;
 
-use super::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:nats/client";
@@ -36,7 +36,7 @@ pub struct NatsDriver {
 
 impl NatsDriver {
     /// Connect to the server at `url` (`nats://host:port`, several separated by commas).
-    pub async fn connect(url: &str) -> crate::Result<NatsDriver> {
+    pub async fn connect(url: &str) -> wrpc_broker_runtime::Result<NatsDriver> {
         let options = async_nats::ConnectOptions::new()
             .connection_timeout(CONNECT_TIMEOUT)
             .request_timeout(Some(Duration::from_secs(10)))
@@ -47,7 +47,9 @@ impl NatsDriver {
         let client = async_nats::connect_with_options(url, options)
             .await
             .map_err(|e| {
-                crate::Error::Unavailable(format!("cannot connect to NATS at {url}: {e}"))
+                wrpc_broker_runtime::Error::Unavailable(format!(
+                    "cannot connect to NATS at {url}: {e}"
+                ))
             })?;
         Ok(NatsDriver {
             client,

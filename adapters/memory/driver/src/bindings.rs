@@ -7,12 +7,12 @@ use std::task::{Context, Poll};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::store::{self, ChannelSubscription, InboxListener, LogFollower, MemoryStore};
-use crate::runtime::sandbox::Ctx;
-use crate::runtime::streams::{BatchProducer, PollBatch};
+use wrpc_broker_runtime::sandbox::Ctx;
+use wrpc_broker_runtime::streams::{BatchProducer, PollBatch};
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-memory; world driver { import wrpc:memory/store@0.1.0; }",
-    path: "../adapters/memory/wit",
+    path: "../wit",
     imports: { default: trappable },
 });
 
@@ -27,15 +27,13 @@ fn no_driver() -> wasmtime::Error {
     wasmtime::Error::msg("the memory driver is not configured for this adapter")
 }
 
-impl Ctx {
-    fn memory(&mut self) -> wasmtime::Result<&Arc<MemoryStore>> {
-        self.progress();
-        self.drivers.get::<Arc<MemoryStore>>().ok_or_else(no_driver)
-    }
+/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+fn memory(ctx: &mut Ctx) -> wasmtime::Result<&Arc<MemoryStore>> {
+    ctx.lent::<Arc<MemoryStore>>().ok_or_else(no_driver)
 }
 
 fn memory_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<Arc<MemoryStore>> {
-    accessor.with(|mut access| access.get().memory().cloned())
+    accessor.with(|mut access| memory(access.get()).cloned())
 }
 
 fn error(e: store::StoreError) -> wit::StoreError {
@@ -105,7 +103,7 @@ impl wit::Host for Ctx {
         epoch: String,
         max_entries: u32,
     ) -> wasmtime::Result<wit::LogInfo> {
-        Ok(info(self.memory()?.log_open(&topic, &epoch, max_entries)))
+        Ok(info(memory(self)?.log_open(&topic, &epoch, max_entries)))
     }
 
     fn log_append(
@@ -123,9 +121,7 @@ impl wit::Host for Ctx {
                 key: r.key,
             })
             .collect();
-        let (i, first) = self
-            .memory()?
-            .log_append(&topic, &epoch, max_entries, batch);
+        let (i, first) = memory(self)?.log_append(&topic, &epoch, max_entries, batch);
         Ok((info(i), first))
     }
 
@@ -135,15 +131,14 @@ impl wit::Host for Ctx {
         offset: u64,
         limit: u32,
     ) -> wasmtime::Result<Result<(wit::LogInfo, Vec<wit::LogEntry>), wit::StoreError>> {
-        Ok(self
-            .memory()?
+        Ok(memory(self)?
             .log_read(&topic, offset, limit)
             .map(|(i, entries)| (info(i), entries.into_iter().map(entry).collect()))
             .map_err(error))
     }
 
     fn queue_depth(&mut self, queue: String) -> wasmtime::Result<u64> {
-        let stats = self.memory()?.queue_len(&queue);
+        let stats = memory(self)?.queue_len(&queue);
         Ok((stats.ready + stats.delayed + stats.leased) as u64)
     }
 
@@ -160,7 +155,7 @@ impl wit::Host for Ctx {
                 delay_ms: q.delay_ms,
             })
             .collect();
-        Ok(self.memory()?.queue_push(&queue, batch).map_err(error))
+        Ok(memory(self)?.queue_push(&queue, batch).map_err(error))
     }
 
     fn queue_ack(
@@ -168,7 +163,7 @@ impl wit::Host for Ctx {
         queue: String,
         receipts: Vec<u64>,
     ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
-        Ok(results(self.memory()?.queue_ack(&queue, &receipts)))
+        Ok(results(memory(self)?.queue_ack(&queue, &receipts)))
     }
 
     fn queue_nack(
@@ -178,7 +173,7 @@ impl wit::Host for Ctx {
         delay_ms: u32,
     ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
         Ok(results(
-            self.memory()?.queue_nack(&queue, &receipts, delay_ms),
+            memory(self)?.queue_nack(&queue, &receipts, delay_ms),
         ))
     }
 
@@ -188,7 +183,7 @@ impl wit::Host for Ctx {
         receipts: Vec<u64>,
         visibility_ms: u32,
     ) -> wasmtime::Result<Vec<Result<(), wit::StoreError>>> {
-        Ok(results(self.memory()?.queue_extend(
+        Ok(results(memory(self)?.queue_extend(
             &queue,
             &receipts,
             visibility_ms,
@@ -200,7 +195,7 @@ impl wit::Host for Ctx {
         channel: String,
         payloads: Vec<Vec<u8>>,
     ) -> wasmtime::Result<u32> {
-        Ok(self.memory()?.channel_publish(&channel, payloads))
+        Ok(memory(self)?.channel_publish(&channel, payloads))
     }
 }
 

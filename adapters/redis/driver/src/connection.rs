@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 
 use super::RedisConfig;
 use super::pubsub::Unsubscribed;
-use crate::drivers::faults::SettlementRefusals;
+use wrpc_broker_runtime::faults::SettlementRefusals;
 
 /// How long making a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -332,7 +332,7 @@ pub(crate) struct Faults {
 }
 
 /// The fault injectors by URL: every driver connected to one URL shares one, so a test can
-/// inject faults into host instances it opened through [`crate::BrokerBuilder::url`].
+/// inject faults into host instances it opened through `wrpc_broker::BrokerBuilder::url`.
 static FAULTS: std::sync::LazyLock<
     Mutex<std::collections::HashMap<String, std::sync::Arc<Faults>>>,
 > = std::sync::LazyLock::new(Default::default);

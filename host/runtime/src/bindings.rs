@@ -6,7 +6,7 @@
 #![allow(missing_docs)]
 
 wasmtime::component::bindgen!({
-    path: "../wit/broker",
+    path: "../../wit/broker",
     world: "wrpc:broker/host-view",
     exports: { default: async },
 });

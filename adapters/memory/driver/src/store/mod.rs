@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::drivers::faults::SettlementRefusals;
+use wrpc_broker_runtime::faults::SettlementRefusals;
 
 pub use channels::ChannelSubscription;
 pub use inboxes::InboxListener;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 pub use bindings::add_to_linker;
 pub use store::{MemoryStore, QueueStats};
 
-use super::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:memory/store";

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use crate::drivers::faults::SettlementRefusals;
+use wrpc_broker_runtime::faults::SettlementRefusals;
 
 /// The armed refusals.
 static REFUSALS: LazyLock<SettlementRefusals> = LazyLock::new(SettlementRefusals::default);

@@ -8,12 +8,12 @@ use futures::StreamExt;
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::{NatsDriver, faults};
-use crate::runtime::sandbox::Ctx;
-use crate::runtime::streams::BatchProducer;
+use wrpc_broker_runtime::sandbox::Ctx;
+use wrpc_broker_runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-nats; world driver { import wrpc:nats/client@0.1.0; }",
-    path: "../adapters/nats/wit",
+    path: "../wit",
     imports: { default: trappable },
 });
 
@@ -27,18 +27,16 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
     wit::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)
 }
 
-impl Ctx {
-    fn nats(&mut self) -> wasmtime::Result<NatsDriver> {
-        self.progress();
-        self.drivers.get::<NatsDriver>().cloned().ok_or_else(|| {
-            wasmtime::Error::msg("the NATS driver is not configured for this adapter")
-        })
-    }
+/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+fn nats(ctx: &mut Ctx) -> wasmtime::Result<NatsDriver> {
+    ctx.lent::<NatsDriver>()
+        .cloned()
+        .ok_or_else(|| wasmtime::Error::msg("the NATS driver is not configured for this adapter"))
 }
 
 /// The driver lent to the calling component (and a fresh CPU slice: the guest returned).
 fn nats_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<NatsDriver> {
-    accessor.with(|mut access| access.get().nats())
+    accessor.with(|mut access| nats(access.get()))
 }
 
 /// The guest returned to the host once more (after an await).
@@ -158,7 +156,7 @@ async fn subscribe_at_server(
 
 impl wit::Host for Ctx {
     fn new_inbox(&mut self) -> wasmtime::Result<String> {
-        Ok(self.nats()?.client.new_inbox())
+        Ok(nats(self)?.client.new_inbox())
     }
 }
 

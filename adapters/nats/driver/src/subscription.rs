@@ -18,7 +18,7 @@ use async_nats::{Message, Subscriber};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::runtime::streams::PollBatch;
+use wrpc_broker_runtime::streams::PollBatch;
 
 /// Messages a member's stream holds before the share waits for the guest to read.
 const MEMBER_BUFFER: usize = 256;

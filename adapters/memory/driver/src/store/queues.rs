@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::drivers::faults::SettlementRefusals;
+use wrpc_broker_runtime::faults::SettlementRefusals;
 
 use super::{Headers, MemoryStore, QueueStats, Queued, Received, StoreError, lock, ms};
 

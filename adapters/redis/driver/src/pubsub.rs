@@ -14,7 +14,7 @@ use futures::task::AtomicWaker;
 use redis::aio::PubSubStream;
 
 use super::connection::Connections;
-use crate::runtime::streams::PollBatch;
+use wrpc_broker_runtime::streams::PollBatch;
 
 /// Raised once the server confirmed the `UNSUBSCRIBE` of a subscription (or gave up on it):
 /// every message published before is already in the stream's buffer, so the stream ends when

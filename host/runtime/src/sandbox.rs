@@ -90,8 +90,15 @@ impl Ctx {
     }
 
     /// The guest returned to the host: its CPU slice starts again.
-    pub(crate) fn progress(&mut self) {
+    pub fn progress(&mut self) {
         self.busy_ticks = 0;
+    }
+
+    /// The connection of type `T` lent to this component, if it was configured with one; a
+    /// driver's import calls this first (the guest returned to the host: a fresh CPU slice).
+    pub fn lent<T: std::any::Any + Send + Sync>(&mut self) -> Option<&T> {
+        self.progress();
+        self.drivers.get::<T>()
     }
 }
 

@@ -8,12 +8,12 @@ use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 use super::RedisDriver;
 use super::connection::{CallError, server_text};
 use super::pubsub::Subscription;
-use crate::runtime::sandbox::Ctx;
-use crate::runtime::streams::BatchProducer;
+use wrpc_broker_runtime::sandbox::Ctx;
+use wrpc_broker_runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-redis; world driver { import wrpc:redis/client@0.1.0; }",
-    path: "../adapters/redis/wit",
+    path: "../wit",
     imports: { default: trappable },
 });
 
@@ -24,17 +24,14 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
     wit::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)
 }
 
-impl Ctx {
-    fn redis(&mut self) -> wasmtime::Result<&RedisDriver> {
-        self.progress();
-        self.drivers.get::<RedisDriver>().ok_or_else(|| {
-            wasmtime::Error::msg("the redis driver is not configured for this adapter")
-        })
-    }
+/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+fn redis(ctx: &mut Ctx) -> wasmtime::Result<&RedisDriver> {
+    ctx.lent::<RedisDriver>()
+        .ok_or_else(|| wasmtime::Error::msg("the redis driver is not configured for this adapter"))
 }
 
 fn redis_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<RedisDriver> {
-    accessor.with(|mut access| access.get().redis().cloned())
+    accessor.with(|mut access| redis(access.get()).cloned())
 }
 
 fn progress<T>(accessor: &Accessor<T, HasSelf<Ctx>>) {
@@ -96,7 +93,7 @@ fn flatten(value: Value, out: &mut Vec<wit::Frame>) {
 
 impl wit::Host for Ctx {
     fn generation(&mut self) -> wasmtime::Result<u64> {
-        Ok(self.redis()?.generation())
+        Ok(redis(self)?.generation())
     }
 }
 

@@ -1,0 +1,30 @@
+//! The wrpc-broker runtime: loading and caching components, sandboxing, the Store-owner task per
+//! instance, streams across the boundary, the `host` import, and what a driver is ([`driver`]).
+//!
+//! It sits below everything else: the drivers (one crate per broker, `adapters/<name>/driver`)
+//! build on it, and the `wrpc-broker` host crate builds on both. Nothing here names a broker.
+
+#![deny(missing_docs)]
+
+pub mod bindings;
+pub mod cache;
+mod calls;
+pub mod driver;
+pub mod error;
+pub mod faults;
+mod host_impl;
+pub mod ids;
+pub mod instance;
+pub mod lent;
+pub mod loader;
+pub mod sandbox;
+pub mod streams;
+pub mod token;
+pub mod trace;
+
+pub use cache::{ComponentCache, Origin};
+pub use error::{Error, Result};
+pub use instance::{AdapterInfo, AdapterInstance, InstanceConfig, describe};
+pub use lent::{DriverConnections, Lent, LinkFn};
+pub use loader::{AdapterComponent, Capabilities, Exports, Runtime};
+pub use sandbox::Limits;
