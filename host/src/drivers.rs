@@ -12,12 +12,6 @@ pub use wrpc_broker_runtime::driver::{
 pub use wrpc_broker_runtime::faults;
 /// The in-process memory driver (`adapters/memory/driver`).
 pub use wrpc_driver_memory as memory;
-/// The NATS driver (`adapters/nats/driver`).
-#[cfg(feature = "nats")]
-pub use wrpc_driver_nats as nats;
-/// The Redis driver (`adapters/redis/driver`).
-#[cfg(feature = "redis")]
-pub use wrpc_driver_redis as redis;
 
 use crate::error::{Error, Result};
 
@@ -26,9 +20,9 @@ pub fn registry() -> &'static [&'static dyn Driver] {
     &[
         &memory::MemoryDriver,
         #[cfg(feature = "redis")]
-        &redis::Redis,
+        &wrpc_driver_redis::Redis,
         #[cfg(feature = "nats")]
-        &nats::Nats,
+        &wrpc_driver_nats::Nats,
     ]
 }
 

@@ -1,4 +1,4 @@
-//! The Redis adapter beyond the contract suite (which `tests/contract.rs` runs against it): the
+//! The Redis adapter beyond the contract suite (which `tests/tests/contract.rs` runs against it): the
 //! suite's restart scenario on a `redis-server` of its own, and interop and queue tests with a
 //! plain Redis client on the Redis server at 127.0.0.1:6379 — a missing server is a failure,
 //! never a skip.

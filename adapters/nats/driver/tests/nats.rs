@@ -1,4 +1,4 @@
-//! The NATS adapter beyond the contract suite (which `tests/contract.rs` runs against it): the
+//! The NATS adapter beyond the contract suite (which `tests/tests/contract.rs` runs against it): the
 //! suite's restart scenario on a `nats-server -js` of its own, killed and restarted mid queue
 //! run and mid log read: nothing lost. A missing server binary fails it: it never skips.
 
