@@ -8,9 +8,20 @@
 #![deny(missing_docs)]
 
 pub mod drivers;
+pub use wrpc_broker_runtime::{error, ids, token};
+// The runtime and the raw WIT bindings are not the API: `Broker` and the capability handles
+// are. The contract suite's raw tests and the CLI's `inspect` reach below them, behind the
+// `raw` feature.
 /// The component runtime (`host/runtime`): loading, sandbox, instances, streams.
+#[cfg(feature = "raw")]
 pub use wrpc_broker_runtime as runtime;
-pub use wrpc_broker_runtime::{bindings, error, ids, token};
+#[cfg(not(feature = "raw"))]
+use wrpc_broker_runtime as runtime;
+/// The raw WIT bindings of `wrpc:broker` (what an adapter exports, as the host calls it).
+#[cfg(feature = "raw")]
+pub use wrpc_broker_runtime::bindings;
+#[cfg(not(feature = "raw"))]
+use wrpc_broker_runtime::bindings;
 
 pub use error::{Error, Result};
 pub mod backplane;
