@@ -40,7 +40,22 @@ pub fn workspace_root() -> PathBuf {
 /// folder above the driver) and export its path as `WRPC_<NAME>_COMPONENT`, for the driver's
 /// `include_bytes!` of the adapter it ships for its URLs.
 pub fn embed_adapter(name: &str) {
-    rerun_if_sources_change();
+    // Only what this adapter is built from: not the driver beside it (host code), nor the
+    // other adapters.
+    let root = workspace_root();
+    let own = root.join("adapters").join(name);
+    let inputs = [
+        root.join("wit"),
+        root.join("guest-sdk"),
+        root.join("Cargo.toml"),
+        root.join("Cargo.lock"),
+        own.join("Cargo.toml"),
+        own.join("src"),
+        own.join("wit"),
+    ];
+    for path in inputs {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
     let package = format!("wrpc-adapter-{name}");
     let build = Build {
         package: &package,

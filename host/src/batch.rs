@@ -78,28 +78,39 @@ async fn run<I: Clone, A>(
     let mut waiting = Vec::with_capacity(max);
     while rx.recv_many(&mut waiting, max).await > 0 {
         let (items, replies): (Vec<I>, Vec<_>) = waiting.drain(..).unzip();
-        let count = items.len();
         let answers = slot
             .retry_trapped(|adapter| call(adapter, name.clone(), items.clone()))
             .await;
-        match answers {
-            Ok(answers) if answers.len() == count => {
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(Ok(answer));
-                }
+        let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
+        hand_out(replies, answers, "items");
+    }
+}
+
+/// Hand each waiting request the answer of its item, in order. When the call failed, or
+/// answered another number of results than it was given `what`, every request gets the error.
+pub(crate) fn hand_out<T>(
+    replies: Vec<oneshot::Sender<Result<T>>>,
+    answers: Result<Vec<Result<T>>>,
+    what: &str,
+) {
+    let count = replies.len();
+    match answers {
+        Ok(answers) if answers.len() == count => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(answer);
             }
-            Ok(answers) => {
-                let e = Error::Internal(format!(
-                    "the adapter answered {} results for {count} items",
-                    answers.len()
-                ));
-                replies
-                    .into_iter()
-                    .for_each(|r| drop(r.send(Err(e.clone()))));
-            }
-            Err(e) => replies
-                .into_iter()
-                .for_each(|r| drop(r.send(Err(e.clone())))),
         }
+        Ok(answers) => {
+            let e = Error::Internal(format!(
+                "the adapter answered {} results for {count} {what}",
+                answers.len()
+            ));
+            replies
+                .into_iter()
+                .for_each(|r| drop(r.send(Err(e.clone()))));
+        }
+        Err(e) => replies
+            .into_iter()
+            .for_each(|r| drop(r.send(Err(e.clone())))),
     }
 }

@@ -203,9 +203,9 @@ impl Inbox {
 }
 
 impl PullConsumer {
-    /// Look at what arrived: a status ends a pull; a delivery not yet due, over `room` or
-    /// arriving after `stop` is NAK'd back; the rest are returned to be held.
-    async fn take_arrived(&self, room: u32, stop: &Latch) -> Vec<Received<String>> {
+    /// Look at what arrived: a status ends a pull; a delivery not yet due or over `room` is
+    /// NAK'd back (room 0, once stopping: all of them); the rest are returned to be held.
+    async fn take_arrived(&self, room: u32) -> Vec<Received<String>> {
         let mut taken = Vec::new();
         loop {
             let Some(m) = self.messages.arrived.borrow_mut().pop_front() else {
@@ -232,7 +232,7 @@ impl PullConsumer {
                 nak(&ack, due - now).await;
                 continue;
             }
-            if stop.is_set() || taken.len() as u32 >= room {
+            if taken.len() as u32 >= room {
                 nak(&ack, 0).await;
                 continue;
             }
@@ -309,7 +309,9 @@ impl queue::Broker for PullConsumer {
 
     async fn receive(&self, room: u32, stop: &Latch) -> Result<Vec<Received<String>>, Error> {
         let woken = self.messages.wake.notified();
-        let taken = self.take_arrived(room, stop).await;
+        let taken = self
+            .take_arrived(if stop.is_set() { 0 } else { room })
+            .await;
         if !taken.is_empty() || stop.is_set() {
             return Ok(taken);
         }
@@ -333,7 +335,9 @@ impl queue::Broker for PullConsumer {
             .clamp(1, RECEIVE_WAIT_MS);
         let tick = pin!(host::sleep(wait as u32));
         select(pin!(woken), pin!(select(pin!(stop.wait()), tick))).await;
-        Ok(self.take_arrived(room, stop).await)
+        Ok(self
+            .take_arrived(if stop.is_set() { 0 } else { room })
+            .await)
     }
 
     /// `+WPI` (in progress) for each.
@@ -379,8 +383,6 @@ impl queue::Broker for PullConsumer {
     /// Let a pull still open run out (its deliveries are NAK'd as they come), then drop the
     /// subscription and NAK whatever is left.
     async fn finish(&self) {
-        let stopped = Latch::new();
-        stopped.set();
         while !self.messages.ended.get() {
             let now = host::now_ms();
             let Some(deadline) = self.pull.borrow().as_ref().map(|p| p.deadline) else {
@@ -390,12 +392,12 @@ impl queue::Broker for PullConsumer {
                 break;
             }
             let woken = self.messages.wake.notified();
-            self.take_arrived(0, &stopped).await;
+            self.take_arrived(0).await;
             let wait = u32::try_from(deadline - now).unwrap_or(1_000);
             select(pin!(woken), pin!(host::sleep(wait))).await;
         }
         self.messages.unsubscribe.set();
-        self.take_arrived(0, &stopped).await;
+        self.take_arrived(0).await;
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::consumer::{ConsumerShared, Session};
 use super::{MAX_SETTLE_BATCH, Settled};
 use crate::bindings::{queue as wit, types};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::log::Headers;
 
 pub(super) struct SettleRequest {
@@ -38,26 +38,8 @@ pub(super) async fn run_settler(mut rx: mpsc::Receiver<SettleRequest>) {
                 .into_iter()
                 .map(|r| ((r.tag, r.settlement), r.reply))
                 .unzip();
-            let count = batch.len();
-            match session.instance.queue_settle(session.id, batch).await {
-                Ok(results) if results.len() == count => {
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        let _ = reply.send(result);
-                    }
-                }
-                Ok(results) => {
-                    let e = Error::Internal(format!(
-                        "the adapter answered {} results for {count} settlements",
-                        results.len()
-                    ));
-                    replies
-                        .into_iter()
-                        .for_each(|r| drop(r.send(Err(e.clone()))));
-                }
-                Err(e) => replies
-                    .into_iter()
-                    .for_each(|r| drop(r.send(Err(e.clone())))),
-            }
+            let results = session.instance.queue_settle(session.id, batch).await;
+            crate::batch::hand_out(replies, results, "settlements");
         }
     }
 }
