@@ -7,8 +7,9 @@ use anyhow::Context as _;
 use wrpc_broker::AppendOptions;
 use wrpc_broker::runtime::Runtime;
 
-use super::stats::Sample;
-use super::{BenchConfig, Setup, unique};
+use wrpc_broker::runtime::bench::{Sample, unique};
+
+use super::{BenchConfig, Setup};
 
 /// Results outside the component/native table.
 pub struct Extras {
@@ -45,7 +46,7 @@ pub(super) async fn swap_pause(setup: &Setup, config: &BenchConfig) -> anyhow::R
     let run_for = config.duration.max(Duration::from_secs(1));
     let origin = Instant::now();
     let appends = {
-        let (log, topic, payload) = (log.clone(), topic.clone(), setup.payload.clone());
+        let (log, topic, payload) = (log.clone(), topic.clone(), setup.work.payload.clone());
         tokio::spawn(async move {
             let mut spans = Vec::new();
             while origin.elapsed() < run_for {

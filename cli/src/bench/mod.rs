@@ -1,14 +1,11 @@
 //! `wrpc-broker bench`: each operation through the adapter component and the same work done
 //! natively on the broker, alternating in one run, with ops/s, p50, p99 and the ratio.
 //!
-//! For the memory broker the native side is the `wrpc:memory` store called directly (the exact
-//! calls the memory adapter makes). Speed is measured here, never asserted in a test.
+//! The native side is each broker's own (its driver's [`NativeBench`], in `adapters/<name>/driver`):
+//! for memory the `wrpc:memory` store called directly, for a server its own client, issuing
+//! what the adapter issues. Speed is measured here, never asserted in a test.
 
 mod extras;
-mod memory;
-mod native;
-mod nats_native;
-mod redis_native;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -20,10 +17,12 @@ use anyhow::Context as _;
 use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceOptions, ReadFrom};
 
 use extras::{load_times, swap_pause};
-use stats::{Row, Sample};
+use stats::Row;
+use wrpc_broker::runtime::bench::{
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+};
 
 pub use extras::{Extras, load_table, swap_table};
-pub use native::Native;
 
 /// What to benchmark and for how long.
 #[derive(Debug, Clone)]
@@ -47,12 +46,10 @@ pub struct Setup {
     pub a: Broker,
     /// The second host instance (request/reply across instances).
     pub b: Broker,
-    /// The native side, when this broker has one here.
-    pub native: Option<Native>,
-    /// Payload bytes.
-    pub payload: Vec<u8>,
-    /// Time per half-round.
-    pub slice: Duration,
+    /// The broker's native side, when its driver has one.
+    pub native: Option<Box<dyn NativeBench>>,
+    /// Payload and time per half-round, the same on both sides.
+    pub work: Workload,
 }
 
 async fn open(config: &BenchConfig, url: &str) -> anyhow::Result<Broker> {
@@ -72,9 +69,11 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     let setup = Setup {
         a: open(config, &url).await?,
         b: open(config, &url).await?,
-        native: Native::for_broker(driver.info().name, &url, &connection).await?,
-        payload: vec![b'x'; config.size],
-        slice: config.duration / (2 * ROUNDS),
+        native: driver.native_bench(&url, &connection).await?,
+        work: Workload {
+            payload: vec![b'x'; config.size],
+            slice: config.duration / (2 * ROUNDS),
+        },
     };
     let mut rows = Vec::new();
     macro_rules! measure {
@@ -101,52 +100,52 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         "trivial export call (parse-id)",
         "calls",
         trivial_call(&setup),
-        |_n| async { anyhow::Ok(Some(memory::trivial_call(setup.slice))) }
+        |_n| async { anyhow::Ok(Some(plain_call(setup.work.slice))) }
     );
     measure!(
         "log append, 1 in flight",
         "ops",
         log_append(&setup, 1),
-        |n| n.log_append(&setup, 1)
+        |n| n.log_append(&setup.work, 1)
     );
     measure!(
         "log append, 64 in flight",
         "ops",
         log_append(&setup, 64),
-        |n| n.log_append(&setup, 64)
+        |n| n.log_append(&setup.work, 64)
     );
     measure!(
         "log read, catch-up 10k",
         "entries",
         log_catch_up(&setup),
-        |n| n.log_catch_up(&setup)
+        |n| n.log_catch_up(&setup.work)
     );
     measure!(
         "log read, live (append→read)",
         "entries",
         log_live(&setup),
-        |n| n.log_live(&setup)
+        |n| n.log_live(&setup.work)
     );
     for prefetch in [1u32, 64] {
         measure!(
             format!("queue produce+consume+ack, prefetch {prefetch}"),
             "msgs",
             queue_round_trip(&setup, prefetch),
-            |n| n.queue_round_trip(&setup, prefetch)
+            |n| n.queue_round_trip(&setup.work, prefetch)
         );
     }
     measure!(
         "direct request/reply (2 instances)",
         "reqs",
         request_reply(&setup),
-        |n| n.request_reply(&setup)
+        |n| n.request_reply(&setup.work)
     );
     for subscribers in [1usize, 1000] {
         measure!(
             format!("backplane publish → {subscribers} local subscribers"),
             "deliveries",
             fan_out(&setup, subscribers),
-            |n| n.fan_out(&setup, subscribers)
+            |n| n.fan_out(&setup.work, subscribers)
         );
     }
     eprintln!("bench: swap pause");
@@ -155,30 +154,24 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     Ok((rows, Extras { load, swap }))
 }
 
-fn unique(prefix: &str) -> String {
-    format!("bench-{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// Run `op` repeatedly for `slice`, timing each.
-async fn timed<F, Fut>(slice: Duration, mut op: F) -> anyhow::Result<Sample>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<u64>>,
-{
+/// A plain function call (what the trivial export does, without the boundary): the native side
+/// of the trivial-export row.
+fn plain_call(slice: Duration) -> Sample {
     let started = Instant::now();
     let mut sample = Sample::default();
     while started.elapsed() < slice {
         let t = Instant::now();
-        sample.ops += op().await?;
+        std::hint::black_box("x:1".rsplit_once(':'));
         sample.latencies.push(t.elapsed());
+        sample.ops += 1;
     }
     sample.elapsed = started.elapsed();
-    Ok(sample)
+    sample
 }
 
 async fn trivial_call(setup: &Setup) -> anyhow::Result<Sample> {
     let adapter = setup.a.adapter();
-    timed(setup.slice, || {
+    timed(setup.work.slice, || {
         let adapter = adapter.clone();
         async move {
             let _ = adapter.log_parse_id("x:1".into()).await;
@@ -191,10 +184,10 @@ async fn trivial_call(setup: &Setup) -> anyhow::Result<Sample> {
 async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
     let log = setup.a.log()?;
     let topic = unique("append");
-    let deadline = Instant::now() + setup.slice;
+    let deadline = Instant::now() + setup.work.slice;
     let started = Instant::now();
     let workers = (0..in_flight).map(|_| {
-        let (log, topic, payload) = (log.clone(), topic.clone(), setup.payload.clone());
+        let (log, topic, payload) = (log.clone(), topic.clone(), setup.work.payload.clone());
         tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
@@ -216,21 +209,18 @@ async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
     Ok(sample)
 }
 
-/// Entries a catch-up read goes through.
-pub const CATCH_UP: usize = 10_000;
-
 async fn log_catch_up(setup: &Setup) -> anyhow::Result<Sample> {
     let log = setup.a.log()?;
     let topic = unique("catchup");
     for chunk in 0..CATCH_UP / 250 {
         let batch = (0..250)
-            .map(|_| (setup.payload.clone(), AppendOptions::default()))
+            .map(|_| (setup.work.payload.clone(), AppendOptions::default()))
             .collect();
         log.append_batch(&topic, batch)
             .await
             .with_context(|| format!("filling chunk {chunk}"))?;
     }
-    timed(setup.slice, || {
+    timed(setup.work.slice, || {
         let (log, topic) = (setup.b.log(), topic.clone());
         async move {
             let mut reader = log?.read(&topic, ReadFrom::Earliest).await?;
@@ -249,9 +239,9 @@ async fn log_live(setup: &Setup) -> anyhow::Result<Sample> {
     let mut reader = setup.b.log()?.read(&topic, ReadFrom::Latest).await?;
     let started = Instant::now();
     let mut sample = Sample::default();
-    while started.elapsed() < setup.slice {
+    while started.elapsed() < setup.work.slice {
         let t = Instant::now();
-        log.append(&topic, setup.payload.clone(), AppendOptions::default())
+        log.append(&topic, setup.work.payload.clone(), AppendOptions::default())
             .await?;
         reader.next_entry().await.context("reader ended")??;
         sample.latencies.push(t.elapsed());
@@ -260,9 +250,6 @@ async fn log_live(setup: &Setup) -> anyhow::Result<Sample> {
     sample.elapsed = started.elapsed();
     Ok(sample)
 }
-
-/// Messages per queue round.
-pub const QUEUE_BATCH: u64 = 1000;
 
 async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
     let queue = setup.a.queue()?;
@@ -282,12 +269,12 @@ async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample
             },
         )
         .await?;
-    let sample = timed(setup.slice, || {
+    let sample = timed(setup.work.slice, || {
         let (queue, name, handled, payload) = (
             queue.clone(),
             name.clone(),
             handled.clone(),
-            setup.payload.clone(),
+            setup.work.payload.clone(),
         );
         async move {
             let target = handled.load(Ordering::Relaxed) + QUEUE_BATCH;
@@ -325,8 +312,9 @@ async fn request_reply(setup: &Setup) -> anyhow::Result<Sample> {
         )
         .await?;
     let direct = setup.a.direct()?;
-    let sample = timed(setup.slice, || {
-        let (direct, address, payload) = (direct.clone(), address.clone(), setup.payload.clone());
+    let sample = timed(setup.work.slice, || {
+        let (direct, address, payload) =
+            (direct.clone(), address.clone(), setup.work.payload.clone());
         async move {
             direct
                 .request(&address, payload, Duration::from_secs(5))
@@ -338,9 +326,6 @@ async fn request_reply(setup: &Setup) -> anyhow::Result<Sample> {
     listener.stop().await;
     sample
 }
-
-/// Payloads published per fan-out round.
-pub const FAN_OUT_PAYLOADS: u64 = 100;
 
 async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
     let backplane = setup.a.backplane()?;
@@ -356,12 +341,12 @@ async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
             }
         }));
     }
-    let sample = timed(setup.slice, || {
+    let sample = timed(setup.work.slice, || {
         let (backplane, channel, received, payload) = (
             backplane.clone(),
             channel.clone(),
             received.clone(),
-            setup.payload.clone(),
+            setup.work.payload.clone(),
         );
         async move {
             let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;

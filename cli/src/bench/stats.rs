@@ -2,41 +2,7 @@
 
 use std::time::Duration;
 
-/// The measurements of one side (component or native) of one operation.
-#[derive(Debug, Clone, Default)]
-pub struct Sample {
-    /// Operations completed.
-    pub ops: u64,
-    /// Wall time they took.
-    pub elapsed: Duration,
-    /// Per-operation latencies (a subset is fine).
-    pub latencies: Vec<Duration>,
-}
-
-impl Sample {
-    /// Operations per second.
-    pub fn rate(&self) -> f64 {
-        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    /// The `q` quantile of the latencies (0.5 = median).
-    pub fn quantile(&self, q: f64) -> Option<Duration> {
-        if self.latencies.is_empty() {
-            return None;
-        }
-        let mut sorted = self.latencies.clone();
-        sorted.sort();
-        let index = ((sorted.len() - 1) as f64 * q).round() as usize;
-        Some(sorted[index])
-    }
-
-    /// Add another run of the same operation.
-    pub fn merge(&mut self, other: Sample) {
-        self.ops += other.ops;
-        self.elapsed += other.elapsed;
-        self.latencies.extend(other.latencies);
-    }
-}
+pub use wrpc_broker::runtime::bench::Sample;
 
 /// One row: an operation measured through the component and natively.
 #[derive(Debug, Clone)]

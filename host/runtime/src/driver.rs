@@ -8,11 +8,16 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::bench::NativeBench;
 use crate::error::Result;
 pub use crate::lent::{DriverConnections, Lent, LinkFn};
 
 /// A boxed future a driver returns from [`Driver::connect`].
 pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = Result<Lent>> + Send + 'a>>;
+
+/// A boxed future a driver returns from [`Driver::native_bench`].
+pub type NativeBenchFuture<'a> =
+    Pin<Box<dyn Future<Output = anyhow::Result<Option<Box<dyn NativeBench>>>> + Send + 'a>>;
 
 /// What a driver is, as data: its names, its WIT interface, how that links, its adapter.
 #[derive(Debug)]
@@ -58,5 +63,12 @@ pub trait Driver: Send + Sync + 'static {
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
         let _ = (connection, queue, count);
         false
+    }
+
+    /// The native side of `wrpc-broker bench` for the broker at `url` (`connection` is a
+    /// connection of this driver to it), when the driver has one.
+    fn native_bench<'a>(&'a self, url: &'a str, connection: &'a Lent) -> NativeBenchFuture<'a> {
+        let _ = (url, connection);
+        Box::pin(async { Ok(None) })
     }
 }

@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod bindings;
 pub mod cache;
 mod calls;

@@ -5,6 +5,7 @@
 //! URLs: `memory://` opens a fresh store; `memory://<name>` the store of that name in this
 //! process, alive while a broker (or a [`Lent`] connection) holds it.
 
+mod bench;
 mod bindings;
 pub mod store;
 
@@ -14,7 +15,8 @@ use std::sync::{Arc, Mutex, Weak};
 pub use bindings::add_to_linker;
 pub use store::{MemoryStore, QueueStats};
 
-use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::bench::NativeBench;
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent, NativeBenchFuture};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:memory/store";
@@ -86,5 +88,12 @@ impl Driver for MemoryDriver {
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
         let store = connection.get::<Arc<MemoryStore>>();
         store.map(|s| s.refuse_settlements(queue, count)).is_some()
+    }
+
+    fn native_bench<'a>(&'a self, _url: &'a str, connection: &'a Lent) -> NativeBenchFuture<'a> {
+        let store = connection.get::<Arc<MemoryStore>>().cloned();
+        Box::pin(async move {
+            Ok(store.map(|store| Box::new(bench::Native::new(store)) as Box<dyn NativeBench>))
+        })
     }
 }

@@ -5,6 +5,7 @@
 //! process-wide fault hook ([`NatsDriver::refuse_settlements`]) lets tests make a queue's
 //! settlements fail, since a real server never refuses on cue.
 
+mod bench;
 mod bindings;
 mod faults;
 mod subscription;
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 pub use bindings::add_to_linker;
 
-use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent, NativeBenchFuture};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:nats/client";
@@ -94,5 +95,9 @@ impl Driver for Nats {
     fn refuse_settlements(&self, _connection: &Lent, queue: &str, count: u32) -> bool {
         NatsDriver::refuse_settlements(queue, count);
         true
+    }
+
+    fn native_bench<'a>(&'a self, url: &'a str, _connection: &'a Lent) -> NativeBenchFuture<'a> {
+        Box::pin(async move { Ok(Some(Box::new(bench::Native::new(url).await?) as _)) })
     }
 }

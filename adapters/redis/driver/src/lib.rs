@@ -8,6 +8,7 @@
 //! connection state shared by every instance of one broker ([`connection`]), the pub/sub
 //! streams ([`pubsub`]) and the WIT implementation ([`bindings`]).
 
+mod bench;
 mod bindings;
 mod connection;
 mod pubsub;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 pub use bindings::add_to_linker;
 use connection::Connections;
 
-use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent, NativeBenchFuture};
 
 /// The WIT interface this driver provides.
 pub const INTERFACE: &str = "wrpc:redis/client";
@@ -112,5 +113,9 @@ impl Driver for Redis {
     fn refuse_settlements(&self, connection: &Lent, queue: &str, count: u32) -> bool {
         let driver = connection.get::<RedisDriver>();
         driver.map(|d| d.refuse_settlements(queue, count)).is_some()
+    }
+
+    fn native_bench<'a>(&'a self, url: &'a str, _connection: &'a Lent) -> NativeBenchFuture<'a> {
+        Box::pin(async move { Ok(Some(Box::new(bench::Native::new(url)?) as _)) })
     }
 }

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
-use wrpc_broker::MemoryStore;
-use wrpc_broker::drivers::memory::store::{LogRecord, Packet, Queued};
 
-use super::stats::Sample;
-use super::{CATCH_UP, FAN_OUT_PAYLOADS, QUEUE_BATCH, Setup, timed, unique};
+use wrpc_broker_runtime::bench::{
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+};
 
 /// The memory store, used natively.
 pub struct Native {
@@ -28,33 +28,18 @@ fn record(payload: &[u8]) -> LogRecord {
     }
 }
 
-/// A plain function call, for the trivial-export row.
-pub fn trivial_call(slice: Duration) -> Sample {
-    let started = Instant::now();
-    let mut sample = Sample::default();
-    while started.elapsed() < slice {
-        let t = Instant::now();
-        std::hint::black_box("x:1".rsplit_once(':'));
-        sample.latencies.push(t.elapsed());
-        sample.ops += 1;
-    }
-    sample.elapsed = started.elapsed();
-    sample
-}
-
 impl Native {
     /// The native side of `store`.
     pub fn new(store: Arc<MemoryStore>) -> Self {
         Self { store }
     }
 
-    pub async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
+    pub async fn log_append(&self, work: &Workload, in_flight: usize) -> anyhow::Result<Sample> {
         let topic = unique("native-append");
-        let deadline = Instant::now() + setup.slice;
+        let deadline = Instant::now() + work.slice;
         let started = Instant::now();
         let workers = (0..in_flight).map(|_| {
-            let (store, topic, payload) =
-                (self.store.clone(), topic.clone(), setup.payload.clone());
+            let (store, topic, payload) = (self.store.clone(), topic.clone(), work.payload.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
@@ -78,17 +63,17 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn log_catch_up(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
         let topic = unique("native-catchup");
         for _ in 0..CATCH_UP / 250 {
             self.store.log_append(
                 &topic,
                 "bench",
                 MAX_ENTRIES,
-                (0..250).map(|_| record(&setup.payload)).collect(),
+                (0..250).map(|_| record(&work.payload)).collect(),
             );
         }
-        timed(setup.slice, || {
+        timed(work.slice, || {
             let (store, topic) = (self.store.clone(), topic.clone());
             async move {
                 let mut offset = 0;
@@ -104,16 +89,16 @@ impl Native {
         .await
     }
 
-    pub async fn log_live(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
         let topic = unique("native-live");
         let info = self.store.log_open(&topic, "bench", MAX_ENTRIES);
         let mut follower = self.store.log_follow(&topic, info.next);
         let started = Instant::now();
         let mut sample = Sample::default();
-        while started.elapsed() < setup.slice {
+        while started.elapsed() < work.slice {
             let t = Instant::now();
             self.store
-                .log_append(&topic, "bench", MAX_ENTRIES, vec![record(&setup.payload)]);
+                .log_append(&topic, "bench", MAX_ENTRIES, vec![record(&work.payload)]);
             follower.next_batch(1).await.context("follower ended")?;
             sample.latencies.push(t.elapsed());
             sample.ops += 1;
@@ -122,10 +107,10 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn queue_round_trip(&self, setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
+    pub async fn queue_round_trip(&self, work: &Workload, prefetch: u32) -> anyhow::Result<Sample> {
         let name = unique("native-queue");
-        let mut sample = timed(setup.slice, || {
-            let (store, name, payload) = (self.store.clone(), name.clone(), setup.payload.clone());
+        let mut sample = timed(work.slice, || {
+            let (store, name, payload) = (self.store.clone(), name.clone(), work.payload.clone());
             async move {
                 let batch = (0..QUEUE_BATCH)
                     .map(|_| Queued {
@@ -152,7 +137,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn request_reply(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn request_reply(&self, work: &Workload) -> anyhow::Result<Sample> {
         let (service, inbox) = (unique("native-rr"), unique("native-inbox"));
         let mut requests = self.store.inbox_listen(&service, None);
         let server = {
@@ -178,11 +163,11 @@ impl Native {
         let started = Instant::now();
         let mut sample = Sample::default();
         let mut correlation = 0u64;
-        while started.elapsed() < setup.slice {
+        while started.elapsed() < work.slice {
             correlation += 1;
             let t = Instant::now();
             let request = Packet {
-                body: setup.payload.clone(),
+                body: work.payload.clone(),
                 headers: vec![],
                 correlation_id: Some(correlation.to_string()),
                 reply_to: Some(inbox.clone()),
@@ -197,7 +182,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn fan_out(&self, setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
+    pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
         let channel = unique("native-room");
         let received = Arc::new(AtomicU64::new(0));
         let tasks: Vec<_> = (0..subscribers)
@@ -211,12 +196,12 @@ impl Native {
                 })
             })
             .collect();
-        let mut sample = timed(setup.slice, || {
+        let mut sample = timed(work.slice, || {
             let (store, channel, received, payload) = (
                 self.store.clone(),
                 channel.clone(),
                 received.clone(),
-                setup.payload.clone(),
+                work.payload.clone(),
             );
             async move {
                 let target =
@@ -240,4 +225,15 @@ impl Native {
         sample.latencies.clear();
         Ok(sample)
     }
+}
+
+impl NativeBench for Native {
+    wrpc_broker_runtime::native_bench_rows!(
+        log_append(in_flight: usize),
+        log_catch_up(),
+        log_live(),
+        queue_round_trip(prefetch: u32),
+        request_reply(),
+        fan_out(subscribers: usize),
+    );
 }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 
-use super::stats::Sample;
-use super::{FAN_OUT_PAYLOADS, QUEUE_BATCH, Setup, timed, unique};
+use wrpc_broker_runtime::bench::{
+    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+};
 
 /// A client of the NATS server the broker uses.
 pub struct Native {
@@ -51,16 +52,16 @@ impl Native {
             .await
     }
 
-    pub async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
+    pub async fn log_append(&self, work: &Workload, in_flight: usize) -> anyhow::Result<Sample> {
         let name = stream_name("native_append");
         self.create_stream(&name, "limits").await?;
-        let deadline = Instant::now() + setup.slice;
+        let deadline = Instant::now() + work.slice;
         let started = Instant::now();
         let workers = (0..in_flight).map(|_| {
             let (client, subject, payload) = (
                 self.client.clone(),
                 format!("{name}.in"),
-                setup.payload.clone(),
+                work.payload.clone(),
             );
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
@@ -85,7 +86,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn queue_round_trip(&self, setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
+    pub async fn queue_round_trip(&self, work: &Workload, prefetch: u32) -> anyhow::Result<Sample> {
         let name = stream_name("native_queue");
         self.create_stream(&name, "workqueue").await?;
         self.api(
@@ -97,10 +98,10 @@ impl Native {
         let mut deliveries = self.client.subscribe(inbox.clone()).await?;
         let mut sample = Sample::default();
         let started = Instant::now();
-        while started.elapsed() < setup.slice {
+        while started.elapsed() < work.slice {
             let produced = (0..QUEUE_BATCH).map(|_| {
                 self.client
-                    .request(format!("{name}.in"), setup.payload.clone().into())
+                    .request(format!("{name}.in"), work.payload.clone().into())
             });
             for result in futures::future::join_all(produced).await {
                 result?;
@@ -141,7 +142,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn request_reply(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn request_reply(&self, work: &Workload) -> anyhow::Result<Sample> {
         let subject = stream_name("native_rr");
         let mut requests = self.client.subscribe(subject.clone()).await?;
         let responder = {
@@ -155,9 +156,9 @@ impl Native {
             })
         };
         self.client.flush().await?;
-        let sample = timed(setup.slice, || {
+        let sample = timed(work.slice, || {
             let (client, subject, payload) =
-                (self.client.clone(), subject.clone(), setup.payload.clone());
+                (self.client.clone(), subject.clone(), work.payload.clone());
             async move {
                 client.request(subject, payload.into()).await?;
                 Ok(1)
@@ -170,7 +171,7 @@ impl Native {
 
     pub async fn fan_out(
         &self,
-        setup: &Setup,
+        work: &Workload,
         subscribers: usize,
     ) -> anyhow::Result<Option<Sample>> {
         // One subscription per subscriber, as a plain client would; the 1000-subscriber row has
@@ -190,11 +191,11 @@ impl Native {
             })
         };
         self.client.flush().await?;
-        let mut sample = timed(setup.slice, || {
+        let mut sample = timed(work.slice, || {
             let (client, subject, payload, received) = (
                 self.client.clone(),
                 subject.clone(),
-                setup.payload.clone(),
+                work.payload.clone(),
                 received.clone(),
             );
             async move {
@@ -218,5 +219,17 @@ impl Native {
         counting.abort();
         sample.latencies.clear();
         Ok(Some(sample))
+    }
+}
+
+impl NativeBench for Native {
+    wrpc_broker_runtime::native_bench_rows!(
+        log_append(in_flight: usize),
+        queue_round_trip(prefetch: u32),
+        request_reply(),
+    );
+
+    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
+        Box::pin(Native::fan_out(self, work, subscribers))
     }
 }

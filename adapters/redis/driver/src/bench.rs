@@ -10,8 +10,10 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
-use super::stats::Sample;
-use super::{CATCH_UP, FAN_OUT_PAYLOADS, QUEUE_BATCH, Setup, timed, unique};
+use wrpc_broker_runtime::bench::{
+    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed,
+    unique,
+};
 
 /// A client of the Redis server the broker uses.
 pub struct Native {
@@ -30,14 +32,14 @@ impl Native {
         Ok(self.client.get_multiplexed_async_connection().await?)
     }
 
-    pub async fn log_append(&self, setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
+    pub async fn log_append(&self, work: &Workload, in_flight: usize) -> anyhow::Result<Sample> {
         let key = unique("native-append");
-        let deadline = Instant::now() + setup.slice;
+        let deadline = Instant::now() + work.slice;
         let started = Instant::now();
         let connection = self.connection().await?;
         let workers = (0..in_flight).map(|_| {
             let (mut connection, key, payload) =
-                (connection.clone(), key.clone(), setup.payload.clone());
+                (connection.clone(), key.clone(), work.payload.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
@@ -68,7 +70,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn log_catch_up(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
         let key = unique("native-catchup");
         let mut connection = self.connection().await?;
         for _ in 0..CATCH_UP / 250 {
@@ -78,12 +80,12 @@ impl Native {
                     .arg(&key)
                     .arg("*")
                     .arg("v")
-                    .arg(&setup.payload)
+                    .arg(&work.payload)
                     .ignore();
             }
             let _: () = pipe.query_async(&mut connection).await?;
         }
-        let sample = timed(setup.slice, || {
+        let sample = timed(work.slice, || {
             let (mut connection, key) = (connection.clone(), key.clone());
             async move {
                 let mut start = "-".to_string();
@@ -103,14 +105,14 @@ impl Native {
         sample
     }
 
-    pub async fn log_live(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
         let key = unique("native-live");
         let mut writer = self.connection().await?;
         let mut reader = self.client.get_multiplexed_async_connection().await?;
         let mut last = "$".to_string();
         let started = Instant::now();
         let mut sample = Sample::default();
-        while started.elapsed() < setup.slice {
+        while started.elapsed() < work.slice {
             let t = Instant::now();
             let read = {
                 let options = StreamReadOptions::default().block(1000).count(1);
@@ -128,7 +130,7 @@ impl Native {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let id: String = writer
-                .xadd(&key, "*", &[("v", setup.payload.as_slice())])
+                .xadd(&key, "*", &[("v", work.payload.as_slice())])
                 .await?;
             let reply = read.await??;
             reply
@@ -145,7 +147,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn queue_round_trip(&self, setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
+    pub async fn queue_round_trip(&self, work: &Workload, prefetch: u32) -> anyhow::Result<Sample> {
         let key = unique("native-queue");
         let mut connection = self.connection().await?;
         let _: () = redis::cmd("XGROUP")
@@ -156,9 +158,9 @@ impl Native {
             .arg("MKSTREAM")
             .query_async(&mut connection)
             .await?;
-        let mut sample = timed(setup.slice, || {
+        let mut sample = timed(work.slice, || {
             let (mut connection, key, payload) =
-                (connection.clone(), key.clone(), setup.payload.clone());
+                (connection.clone(), key.clone(), work.payload.clone());
             async move {
                 let mut pipe = redis::pipe();
                 for _ in 0..QUEUE_BATCH {
@@ -197,7 +199,7 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn request_reply(&self, setup: &Setup) -> anyhow::Result<Sample> {
+    pub async fn request_reply(&self, work: &Workload) -> anyhow::Result<Sample> {
         let (requests, replies) = (unique("native-rr"), unique("native-inbox"));
         let server = {
             let client = self.client.clone();
@@ -218,9 +220,9 @@ impl Native {
         let mut connection = self.client.get_multiplexed_async_connection().await?;
         let started = Instant::now();
         let mut sample = Sample::default();
-        while started.elapsed() < setup.slice {
+        while started.elapsed() < work.slice {
             let t = Instant::now();
-            let _: () = connection.lpush(&requests, &setup.payload).await?;
+            let _: () = connection.lpush(&requests, &work.payload).await?;
             let _: Option<(String, Vec<u8>)> = connection.blpop(&replies, 5.0).await?;
             sample.latencies.push(t.elapsed());
             sample.ops += 1;
@@ -232,7 +234,7 @@ impl Native {
 
     pub async fn fan_out(
         &self,
-        setup: &Setup,
+        work: &Workload,
         subscribers: usize,
     ) -> anyhow::Result<Option<Sample>> {
         // One connection per subscriber, as a naive client would; 1000 connections are not fair
@@ -254,11 +256,11 @@ impl Native {
             })
         };
         let connection = self.connection().await?;
-        let mut sample = timed(setup.slice, || {
+        let mut sample = timed(work.slice, || {
             let (mut connection, channel, payload, received) = (
                 connection.clone(),
                 channel.clone(),
-                setup.payload.clone(),
+                work.payload.clone(),
                 received.clone(),
             );
             async move {
@@ -279,5 +281,19 @@ impl Native {
         listening.abort();
         sample.latencies.clear();
         Ok(Some(sample))
+    }
+}
+
+impl NativeBench for Native {
+    wrpc_broker_runtime::native_bench_rows!(
+        log_append(in_flight: usize),
+        log_catch_up(),
+        log_live(),
+        queue_round_trip(prefetch: u32),
+        request_reply(),
+    );
+
+    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
+        Box::pin(Native::fan_out(self, work, subscribers))
     }
 }

@@ -1,0 +1,146 @@
+//! What a broker's native side of `wrpc-broker bench` is: the calls its adapter makes, made
+//! directly with the broker's own client, so each bench row reads as a ratio component / native.
+//! A driver offers one through [`crate::driver::Driver::native_bench`]; an operation a native
+//! side does not have answers `None` (the row shows `-`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+/// The work of one half-round, the same on both sides.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Payload bytes of every message, entry and body.
+    pub payload: Vec<u8>,
+    /// How long the operation runs.
+    pub slice: Duration,
+}
+
+/// Entries a catch-up read goes through.
+pub const CATCH_UP: usize = 10_000;
+/// Messages per queue round.
+pub const QUEUE_BATCH: u64 = 1000;
+/// Payloads published per fan-out round.
+pub const FAN_OUT_PAYLOADS: u64 = 100;
+
+/// The measurements of one side (component or native) of one operation.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Operations completed.
+    pub ops: u64,
+    /// Wall time they took.
+    pub elapsed: Duration,
+    /// Per-operation latencies (a subset is fine).
+    pub latencies: Vec<Duration>,
+}
+
+impl Sample {
+    /// Operations per second.
+    pub fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q` quantile of the latencies (0.5 = median).
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let index = ((sorted.len() - 1) as f64 * q).round() as usize;
+        Some(sorted[index])
+    }
+
+    /// Add another run of the same operation.
+    pub fn merge(&mut self, other: Sample) {
+        self.ops += other.ops;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+    }
+}
+
+/// What a native operation returns: its sample, or `None` when this side has no such row.
+pub type BenchFuture<'a> =
+    Pin<Box<dyn Future<Output = anyhow::Result<Option<Sample>>> + Send + 'a>>;
+
+fn none<'a>() -> BenchFuture<'a> {
+    Box::pin(async { Ok(None) })
+}
+
+/// A broker's native side: each bench operation done with its own client, issuing what its
+/// adapter issues. Every method defaults to "no such row".
+pub trait NativeBench: Send + Sync {
+    /// Appends to one log, `in_flight` at a time.
+    fn log_append<'a>(&'a self, work: &'a Workload, in_flight: usize) -> BenchFuture<'a> {
+        let _ = (work, in_flight);
+        none()
+    }
+
+    /// Reads [`CATCH_UP`] entries from the start of a filled log, repeatedly.
+    fn log_catch_up<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        let _ = work;
+        none()
+    }
+
+    /// Appends one entry and waits for a live reader to get it, repeatedly.
+    fn log_live<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        let _ = work;
+        none()
+    }
+
+    /// Produces [`QUEUE_BATCH`] messages and consumes and acks them at `prefetch`, repeatedly.
+    fn queue_round_trip<'a>(&'a self, work: &'a Workload, prefetch: u32) -> BenchFuture<'a> {
+        let _ = (work, prefetch);
+        none()
+    }
+
+    /// One request and its echoed reply, repeatedly.
+    fn request_reply<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        let _ = work;
+        none()
+    }
+
+    /// Publishes [`FAN_OUT_PAYLOADS`] payloads to `subscribers` subscribers, repeatedly.
+    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
+        let _ = (work, subscribers);
+        none()
+    }
+}
+
+/// A name no earlier bench run used (`bench-<prefix>-<uuid>`).
+pub fn unique(prefix: &str) -> String {
+    format!("bench-{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Run `op` repeatedly for `slice`, timing each; `op` returns the operations it did.
+pub async fn timed<F, Fut>(slice: Duration, mut op: F) -> anyhow::Result<Sample>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<u64>>,
+{
+    let started = Instant::now();
+    let mut sample = Sample::default();
+    while started.elapsed() < slice {
+        let t = Instant::now();
+        sample.ops += op().await?;
+        sample.latencies.push(t.elapsed());
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+/// Implements [`NativeBench`] methods, inside an `impl NativeBench for T` block, by calling
+/// `T`'s inherent async methods of the same names and arguments (after the workload), which
+/// return `anyhow::Result<Sample>`: `native_bench_rows!(log_append(in_flight: usize), log_live());`
+#[macro_export]
+macro_rules! native_bench_rows {
+    ($($name:ident($($arg:ident: $ty:ty),*)),* $(,)?) => {$(
+        fn $name<'a>(
+            &'a self,
+            work: &'a $crate::bench::Workload
+            $(, $arg: $ty)*
+        ) -> $crate::bench::BenchFuture<'a> {
+            Box::pin(async move { Self::$name(self, work $(, $arg)*).await.map(Some) })
+        }
+    )*};
+}
