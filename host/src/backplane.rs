@@ -19,9 +19,10 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{BatchCall, Batchers};
-use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
+use crate::handover::{Handover, Migration, Step};
 use crate::runtime::AdapterInstance;
+use crate::slot::{AdapterSlot, Held};
 
 /// Payloads buffered per channel for local subscribers before a slow one loses the oldest.
 const FANOUT_BUFFER: usize = 4096;
@@ -195,7 +196,7 @@ impl Fanout {
 /// The backplane capability of one broker.
 #[derive(Clone)]
 pub struct Backplane {
-    inner: Arc<Inner>,
+    inner: Held<Channels>,
 }
 
 impl std::fmt::Debug for Backplane {
@@ -205,7 +206,7 @@ impl std::fmt::Debug for Backplane {
 }
 
 impl Backplane {
-    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+    pub(crate) fn new(inner: Held<Channels>) -> Self {
         Self { inner }
     }
 
@@ -214,7 +215,7 @@ impl Backplane {
     /// channel are batched, in order.
     pub async fn publish(&self, channel: &str, payload: impl Into<Vec<u8>>) -> Result<()> {
         self.inner
-            .channels
+            .live
             .publishes
             .submit(channel, payload.into())
             .await
@@ -223,7 +224,7 @@ impl Backplane {
     /// Subscribe to `channel`. Returns once the broker confirmed the subscription: everything
     /// published after this returns is delivered. Drop the [`Subscription`] to unsubscribe.
     pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
-        let channels = &self.inner.channels;
+        let channels = &self.inner.live;
         let mut fanouts = channels.fanouts.lock().await;
         if let Some(subscription) = fanouts.get(channel).and_then(|f| f.join()) {
             return Ok(subscription);
@@ -287,5 +288,29 @@ impl Drop for Subscription {
         if *subscribers == 0 {
             self.fanout.stop.cancel();
         }
+    }
+}
+
+/// A migration of the backplane: every channel is subscribed on the new broker too, and the
+/// old subscriptions end once the old broker's writes have landed.
+struct ChannelMigration(CancellationToken);
+
+impl Handover for Channels {
+    fn migrating<'a>(
+        &'a self,
+        _old: &'a AdapterInstance,
+        new: &'a AdapterInstance,
+    ) -> Step<'a, Box<dyn Migration + 'a>> {
+        Box::pin(async move {
+            let old_done = CancellationToken::new();
+            self.switch_all(new, old_done.clone()).await;
+            Box::new(ChannelMigration(old_done)) as Box<dyn Migration>
+        })
+    }
+}
+
+impl Migration for ChannelMigration {
+    fn old_complete(&mut self) {
+        self.0.cancel();
     }
 }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::broker::AdapterSlot;
 use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
+use crate::slot::AdapterSlot;
 
 /// One adapter call for a batch: (instance, name, items) → one answer per item.
 pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Vec<I>) -> Pin<Box<dyn Future<Output = Result<Vec<A>>> + Send>>

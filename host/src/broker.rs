@@ -1,6 +1,7 @@
 //! `Broker`: the public entry point. It loads an adapter component (from a file, or the memory
 //! adapter embedded in this crate), starts it, and hands out the capability handles. Every handle
-//! reaches the adapter through one [`AdapterSlot`], so the component underneath can be replaced.
+//! reaches the adapter through one [`AdapterSlot`], so the component underneath can be replaced;
+//! a swap hands each capability's live parts over through its [`Handover`].
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -10,6 +11,7 @@ use crate::direct::{Direct, Inboxes};
 use crate::drivers::Driver;
 use crate::drivers::memory::{ADAPTER as MEMORY_ADAPTER, MemoryStore};
 use crate::error::{Error, Result};
+use crate::handover::Handover;
 use crate::ids::{self, IdGenerator, RandomIds};
 use crate::log::{Log, Logs};
 use crate::queue::{Queue, Queues};
@@ -17,6 +19,8 @@ use crate::runtime::{
     AdapterComponent, AdapterInfo, AdapterInstance, Capabilities, DriverConnections,
     InstanceConfig, Lent, Limits, Runtime,
 };
+pub use crate::slot::{AdapterSlot, TRAP_RETRIES};
+use crate::slot::{Held, Moved};
 
 /// Where the adapter component comes from.
 #[derive(Debug, Clone)]
@@ -169,16 +173,16 @@ impl BrokerBuilder {
         let slot = Arc::new(AdapterSlot::new(instance));
         Ok(Broker {
             inner: Arc::new(Inner {
-                logs: Logs::new(slot.clone()),
-                channels: Channels::new(slot.clone()),
-                queues: Queues::new(slot.clone()),
-                inboxes: Inboxes::new(slot.clone()),
+                logs: Arc::new(Logs::new(slot.clone())),
+                channels: Arc::new(Channels::new(slot.clone())),
+                queues: Arc::new(Queues::new(slot.clone())),
+                inboxes: Arc::new(Inboxes::new(slot.clone())),
                 slot,
                 component: RwLock::new(component),
                 runtime,
                 config: RwLock::new(config),
                 swapping: tokio::sync::Mutex::new(()),
-                migrated: RwLock::new(None),
+                migrated: Arc::default(),
             }),
         })
     }
@@ -207,85 +211,13 @@ pub(crate) async fn start_successor(
     AdapterInstance::start_at(component, config, old.generation() + 1).await
 }
 
-/// How many times a call failed by a trap is tried again on the replacement instance.
-pub const TRAP_RETRIES: u32 = 3;
-
-/// The adapter instance every handle of one broker goes through; swapping it swaps the adapter.
-#[derive(Debug)]
-pub struct AdapterSlot {
-    current: RwLock<AdapterInstance>,
-    /// Held (shared) by every call that writes to the broker (produce, append, publish, send),
-    /// so a migration can wait until the writes still going to the old broker have landed.
-    writes: tokio::sync::RwLock<()>,
-}
-
-impl AdapterSlot {
-    fn new(instance: AdapterInstance) -> Self {
-        Self {
-            current: RwLock::new(instance),
-            writes: tokio::sync::RwLock::new(()),
-        }
-    }
-
-    /// Hold this while a write runs on [`Self::current`].
-    pub(crate) async fn writing(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
-        self.writes.read().await
-    }
-
-    /// Wait until every write that started before now has finished (later ones wait meanwhile).
-    pub(crate) async fn quiesce_writes(&self) {
-        drop(self.writes.write().await);
-    }
-
-    /// Point every later call at `instance`; returns the one it replaces.
-    fn replace(&self, instance: AdapterInstance) -> AdapterInstance {
-        std::mem::replace(
-            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
-            instance,
-        )
-    }
-
-    /// Run `call` on the current adapter, and again on its replacement (up to
-    /// [`TRAP_RETRIES`] times) when it failed because the adapter trapped. A trap before the
-    /// broker was touched repeats nothing; one after it may repeat the operation (at least once).
-    pub(crate) async fn retry_trapped<T, F, Fut>(&self, mut call: F) -> Result<T>
-    where
-        F: FnMut(AdapterInstance) -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut attempt = 0;
-        loop {
-            let writing = self.writing().await;
-            let answer = call(self.current()).await;
-            drop(writing);
-            match answer {
-                Err(Error::Trapped(why)) if attempt < TRAP_RETRIES => {
-                    attempt += 1;
-                    tracing::debug!(
-                        attempt,
-                        "the adapter trapped under a call; trying it again: {why}"
-                    );
-                }
-                answer => return answer,
-            }
-        }
-    }
-
-    /// The adapter instance calls go to now.
-    pub fn current(&self) -> AdapterInstance {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
+/// One host instance: its slot, each capability's live parts, and how its adapter runs.
 pub(crate) struct Inner {
     pub(crate) slot: Arc<AdapterSlot>,
-    pub(crate) logs: Logs,
-    pub(crate) channels: Channels,
-    pub(crate) queues: Queues,
-    pub(crate) inboxes: Inboxes,
+    pub(crate) logs: Arc<Logs>,
+    pub(crate) channels: Arc<Channels>,
+    pub(crate) queues: Arc<Queues>,
+    pub(crate) inboxes: Arc<Inboxes>,
     component: RwLock<Arc<AdapterComponent>>,
     pub(crate) runtime: Runtime,
     /// How instances are started: options, limits, ids and the drivers lent to the adapter.
@@ -293,10 +225,31 @@ pub(crate) struct Inner {
     /// One swap or migration at a time.
     pub(crate) swapping: tokio::sync::Mutex<()>,
     /// The last migration to another broker: what it moved from and to, and when.
-    pub(crate) migrated: RwLock<Option<crate::migrate::Moved>>,
+    pub(crate) migrated: Arc<RwLock<Option<Moved>>>,
 }
 
 impl Inner {
+    /// Every capability's live parts, as swap and migration hand them over.
+    pub(crate) fn handovers(&self) -> [&dyn Handover; 4] {
+        [
+            self.logs.as_ref(),
+            self.channels.as_ref(),
+            self.queues.as_ref(),
+            self.inboxes.as_ref(),
+        ]
+    }
+
+    /// What a handle of this broker holds: its slot, `live` (the capability's live parts) and
+    /// the broker itself.
+    fn held<P>(self: &Arc<Self>, live: &Arc<P>) -> Held<P> {
+        Held::new(
+            self.slot.clone(),
+            live.clone(),
+            self.migrated.clone(),
+            self.clone(),
+        )
+    }
+
     /// Point every later call at `new`, the component it runs and how it was started.
     pub(crate) fn install(
         &self,
@@ -460,10 +413,7 @@ impl Broker {
         let new = start_successor(&old, component.clone(), config.clone(), "swapped").await?;
         let ready = started.elapsed();
         self.inner.install(new.clone(), component, config);
-        tokio::join!(
-            self.inner.queues.switch_all(),
-            self.inner.inboxes.switch_all(&new)
-        );
+        futures::future::join_all(self.inner.handovers().map(|h| h.swapped(&new))).await;
         old.retire(new.clone());
         old.finished().await;
         Ok(SwapReport {
@@ -494,25 +444,25 @@ impl Broker {
     /// The log capability: ordered, replayable feeds.
     pub fn log(&self) -> Result<Log> {
         self.require(self.capabilities().log, "log")?;
-        Ok(Log::new(self.inner.clone()))
+        Ok(Log::new(self.inner.held(&self.inner.logs)))
     }
 
     /// The backplane capability: at-most-once fan-out across host instances.
     pub fn backplane(&self) -> Result<Backplane> {
         self.require(self.capabilities().backplane, "backplane")?;
-        Ok(Backplane::new(self.inner.clone()))
+        Ok(Backplane::new(self.inner.held(&self.inner.channels)))
     }
 
     /// The queue capability: at-least-once work with retry and dead-lettering.
     pub fn queue(&self) -> Result<Queue> {
         self.require(self.capabilities().queue, "queue")?;
-        Ok(Queue::new(self.inner.clone()))
+        Ok(Queue::new(self.inner.held(&self.inner.queues)))
     }
 
     /// The direct capability: addressable inboxes and request/reply.
     pub fn direct(&self) -> Result<Direct> {
         self.require(self.capabilities().direct, "direct")?;
-        Ok(Direct::new(self.inner.clone()))
+        Ok(Direct::new(self.inner.held(&self.inner.inboxes)))
     }
 
     /// Close the adapter: handles stop working, streams end.

@@ -28,9 +28,11 @@ pub mod backplane;
 mod batch;
 pub mod broker;
 pub mod direct;
+mod handover;
 pub mod log;
 pub mod migrate;
 pub mod queue;
+mod slot;
 pub mod watch;
 
 pub use backplane::{Backplane, Subscription};

@@ -12,11 +12,12 @@
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerBuilder, start_successor};
 use crate::error::Result;
+pub use crate::handover::{MigrationEvent, QueueDrain};
 use crate::runtime::AdapterInstance;
+use crate::slot::Moved;
 
 /// How a migration runs.
 #[derive(Debug, Clone)]
@@ -35,49 +36,6 @@ impl Default for MigrateOptions {
             progress: None,
         }
     }
-}
-
-/// A step of a migration, as it happens.
-#[derive(Debug, Clone)]
-pub enum MigrationEvent {
-    /// The new adapter runs: from now on every write goes to the new broker.
-    Switched {
-        /// The old broker.
-        from: String,
-        /// The new broker.
-        to: String,
-        /// The new adapter's generation.
-        generation: u32,
-    },
-    /// Consumers consume on the new broker; `queues` of them still drain the old one.
-    ConsumersMoved {
-        /// How many consumers drain an old queue.
-        queues: usize,
-    },
-    /// A consumer finished with the old broker's queue.
-    QueueDrained(QueueDrain),
-    /// Readers finished the old broker's feeds.
-    ReadersMoved {
-        /// How many moved to the new broker.
-        moved: usize,
-        /// How many had not finished by the deadline.
-        left: usize,
-    },
-    /// The old adapter was closed.
-    OldClosed,
-}
-
-/// How one consumer's drain of the old broker's queue ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueDrain {
-    /// The queue.
-    pub queue: String,
-    /// True when the old queue was empty (nothing waiting, delayed or unsettled).
-    pub drained: bool,
-    /// Messages left on the old broker (0 when drained; the count when the deadline passed).
-    pub left: u64,
-    /// How long the drain took.
-    pub took: Duration,
 }
 
 /// What a [`Broker::migrate`] did.
@@ -110,14 +68,6 @@ impl MigrationReport {
     }
 }
 
-/// The last migration of a broker: for the message a foreign id gets.
-#[derive(Debug, Clone)]
-pub(crate) struct Moved {
-    pub(crate) from: String,
-    pub(crate) to: String,
-    pub(crate) at: Instant,
-}
-
 /// Describes the broker behind an adapter, for reports: `redis (adapter redis 0.1.0)`.
 fn describe(adapter: &AdapterInstance) -> String {
     let info = adapter.info();
@@ -141,30 +91,29 @@ impl Broker {
         let new = start_successor(&old, component.clone(), config.clone(), "migrated").await?;
         let ready = started.elapsed();
         let (from, to) = (describe(&old), describe(&new));
-        let progress = |event: MigrationEvent| {
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let progress = move |event: MigrationEvent| {
             tracing::info!(?event, "migration");
             if let Some(tx) = &options.progress {
-                let _ = tx.send(event);
+                let _ = tx.send(event.clone());
             }
+            let _ = events_tx.send(event);
         };
 
         // Listen on the new broker before anything is sent there.
-        let old_subscriptions = CancellationToken::new();
-        let points = inner.logs.swap_points(&new).await;
-        tokio::join!(
-            inner.channels.switch_all(&new, old_subscriptions.clone()),
-            inner.inboxes.switch_all(&new),
-        );
-
-        // Switch: writes go to the new broker; the current feed stays on the old adapter.
-        let old_feed = inner.logs.pin(old.clone());
+        let mut moves =
+            futures::future::join_all(inner.handovers().map(|h| h.migrating(&old, &new))).await;
+        // Switch: writes go to the new broker.
+        moves.iter_mut().for_each(|m| m.switching());
         inner.install(new.clone(), component, config);
         *inner.migrated.write().unwrap_or_else(|e| e.into_inner()) = Some(Moved {
             from: from.clone(),
             to: to.clone(),
             at: Instant::now(),
         });
-        let old_tails = inner.logs.next_feed(&old_feed, points).await;
+        for step in moves.iter_mut() {
+            step.switched().await;
+        }
         inner.slot.quiesce_writes().await;
         let switched = started.elapsed();
         progress(MigrationEvent::Switched {
@@ -172,35 +121,24 @@ impl Broker {
             to: to.clone(),
             generation: new.generation(),
         });
-        // The old broker's feeds and subscriptions are complete: readers finish them and move.
-        old_tails.stop();
-        old_subscriptions.cancel();
-
+        // The old broker's feeds and subscriptions are complete: what it holds moves over.
+        moves.iter_mut().for_each(|m| m.old_complete());
         let deadline = Instant::now() + options.deadline;
-        let drains = inner.queues.migrate_all(deadline).await;
-        progress(MigrationEvent::ConsumersMoved {
-            queues: drains.len(),
-        });
-        let queues = async {
-            let mut drained = Vec::new();
-            let mut pending: futures::stream::FuturesUnordered<_> =
-                drains.into_iter().map(|(_, answer)| answer).collect();
-            while let Some(answer) = futures::StreamExt::next(&mut pending).await {
-                if let Ok(drain) = answer {
-                    progress(MigrationEvent::QueueDrained(drain.clone()));
-                    drained.push(drain);
-                }
-            }
-            drained
-        };
-        let readers = async {
-            let (moved, left) = old_feed.readers_moved(deadline).await;
-            progress(MigrationEvent::ReadersMoved { moved, left });
-            (moved, left)
-        };
-        let (queues, (readers_moved, readers_left)) = tokio::join!(queues, readers);
+        futures::future::join_all(moves.iter_mut().map(|m| m.drain(deadline, &progress))).await;
+        moves.iter_mut().for_each(|m| m.let_go());
+        drop(moves);
 
-        old_feed.let_go();
+        let (mut queues, mut readers_moved, mut readers_left) = (Vec::new(), 0, 0);
+        while let Ok(event) = events.try_recv() {
+            match event {
+                MigrationEvent::QueueDrained(drain) => queues.push(drain),
+                MigrationEvent::ReadersMoved { moved, left } => {
+                    readers_moved += moved;
+                    readers_left += left;
+                }
+                _ => {}
+            }
+        }
         old.close();
         if tokio::time::timeout(Duration::from_secs(10), old.finished())
             .await

@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{MAX_RELISTEN_PAUSE, RELISTEN_PAUSE};
 use crate::bindings::direct as wit;
-use crate::broker::AdapterSlot;
 use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
+use crate::slot::AdapterSlot;
 
 /// How long a moved listener waits for the old adapter's last packets.
 const DRAIN_WAIT: Duration = Duration::from_millis(500);

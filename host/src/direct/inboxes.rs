@@ -10,9 +10,10 @@ use tokio_util::sync::CancellationToken;
 use super::Packet;
 use super::adapter_listener::{AdapterListener, Session};
 use super::listener::ListenerShared;
-use crate::broker::AdapterSlot;
 use crate::error::Result;
+use crate::handover::{Handover, Migration, NothingMore, Step};
 use crate::runtime::AdapterInstance;
+use crate::slot::AdapterSlot;
 
 /// The replies a host instance waits for, by correlation id.
 pub(super) type Pending = Mutex<HashMap<String, oneshot::Sender<Packet>>>;
@@ -167,5 +168,22 @@ impl Drop for Inboxes {
         if let Some(inbox) = self.reply.get() {
             inbox.stopping.cancel();
         }
+    }
+}
+
+impl Handover for Inboxes {
+    fn swapped<'a>(&'a self, new: &'a AdapterInstance) -> Step<'a> {
+        Box::pin(self.switch_all(new))
+    }
+
+    fn migrating<'a>(
+        &'a self,
+        _old: &'a AdapterInstance,
+        new: &'a AdapterInstance,
+    ) -> Step<'a, Box<dyn Migration + 'a>> {
+        Box::pin(async move {
+            self.switch_all(new).await;
+            Box::new(NothingMore) as Box<dyn Migration>
+        })
     }
 }

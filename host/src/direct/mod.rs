@@ -27,9 +27,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bindings::direct as wit;
-use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
 use crate::log::Headers;
+use crate::slot::{AdapterSlot, Held};
 use adapter_listener::AdapterListener;
 use inboxes::PendingGuard;
 use listener::ListenerShared;
@@ -150,7 +150,7 @@ type Handler =
 /// The direct capability of one broker.
 #[derive(Clone)]
 pub struct Direct {
-    inner: Arc<Inner>,
+    inner: Held<Inboxes>,
 }
 
 impl std::fmt::Debug for Direct {
@@ -160,7 +160,7 @@ impl std::fmt::Debug for Direct {
 }
 
 impl Direct {
-    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+    pub(crate) fn new(inner: Held<Inboxes>) -> Self {
         Self { inner }
     }
 
@@ -197,7 +197,7 @@ impl Direct {
                 "no reply from `{address}` within {timeout:?} (request/reply timeout)"
             ))
         };
-        let inbox = tokio::time::timeout_at(deadline, self.inner.inboxes.reply_inbox())
+        let inbox = tokio::time::timeout_at(deadline, self.inner.live.reply_inbox())
             .await
             .map_err(|_| timed_out())??;
         let correlation_id = uuid::Uuid::new_v4().simple().to_string();
@@ -261,7 +261,7 @@ impl Direct {
             switch_tx,
         });
         self.inner
-            .inboxes
+            .live
             .listeners
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::broadcast;
 
@@ -10,9 +11,10 @@ use super::MAX_APPEND_BATCH;
 use super::tail::{ReaderGuard, TailEvent, TopicTail};
 use crate::batch::Batchers;
 use crate::bindings::{log as wit, types};
-use crate::broker::AdapterSlot;
 use crate::error::{Error, Result};
+use crate::handover::{Handover, Migration, MigrationEvent, Progress, Step};
 use crate::runtime::AdapterInstance;
+use crate::slot::AdapterSlot;
 
 /// Per-broker log machinery: the append batchers, the shared topic tails and the feed.
 pub(crate) struct Logs {
@@ -193,5 +195,70 @@ impl Logs {
             .subscribe()
             .ok_or_else(|| Error::Closed("the log was closed".into()))?;
         Ok(Some((tail, guard, subscription)))
+    }
+}
+
+/// A migration of the logs: readers finish the old broker's feed, then go on with the new one
+/// from the swap point.
+struct LogMigration<'a> {
+    logs: &'a Logs,
+    old: &'a AdapterInstance,
+    points: Option<SwapPoints>,
+    old_feed: Option<Arc<Feed>>,
+    old_tails: Option<EndedTails>,
+}
+
+impl Handover for Logs {
+    fn migrating<'a>(
+        &'a self,
+        old: &'a AdapterInstance,
+        new: &'a AdapterInstance,
+    ) -> Step<'a, Box<dyn Migration + 'a>> {
+        Box::pin(async move {
+            let points = self.swap_points(new).await;
+            Box::new(LogMigration {
+                logs: self,
+                old,
+                points: Some(points),
+                old_feed: None,
+                old_tails: None,
+            }) as Box<dyn Migration>
+        })
+    }
+}
+
+impl Migration for LogMigration<'_> {
+    fn switching(&mut self) {
+        // The current feed stays on the old adapter.
+        self.old_feed = Some(self.logs.pin(self.old.clone()));
+    }
+
+    fn switched(&mut self) -> Step<'_> {
+        Box::pin(async move {
+            if let (Some(feed), Some(points)) = (&self.old_feed, self.points.take()) {
+                self.old_tails = Some(self.logs.next_feed(feed, points).await);
+            }
+        })
+    }
+
+    fn old_complete(&mut self) {
+        if let Some(tails) = self.old_tails.take() {
+            tails.stop();
+        }
+    }
+
+    fn drain<'a>(&'a mut self, deadline: Instant, progress: &'a Progress) -> Step<'a> {
+        Box::pin(async move {
+            if let Some(feed) = &self.old_feed {
+                let (moved, left) = feed.readers_moved(deadline).await;
+                progress(MigrationEvent::ReadersMoved { moved, left });
+            }
+        })
+    }
+
+    fn let_go(&mut self) {
+        if let Some(feed) = &self.old_feed {
+            feed.let_go();
+        }
     }
 }

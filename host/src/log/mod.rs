@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::bindings::{log as wit, types};
-use crate::broker::Inner;
 use crate::error::{Error, Result};
+use crate::slot::Held;
 use feeds::Feed;
 use reader::{Cursor, ReaderTask};
 
@@ -105,7 +105,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// The log capability of one broker.
 #[derive(Clone)]
 pub struct Log {
-    inner: Arc<Inner>,
+    inner: Held<Logs>,
 }
 
 impl std::fmt::Debug for Log {
@@ -115,7 +115,7 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+    pub(crate) fn new(inner: Held<Logs>) -> Self {
         Self { inner }
     }
 
@@ -131,7 +131,7 @@ impl Log {
             headers: options.headers,
             key: options.key,
         };
-        self.inner.logs.appends.submit(topic, record).await
+        self.inner.live.appends.submit(topic, record).await
     }
 
     /// Append several entries in order, in one adapter call.
@@ -172,7 +172,7 @@ impl Log {
     /// A malformed id or one past the tip is [`Error::BadRequest`]; an id older than the
     /// retained history or minted by another log is [`Error::Gone`].
     pub async fn read(&self, topic: &str, from: ReadFrom) -> Result<Reader> {
-        let logs = &self.inner.logs;
+        let logs = &self.inner.live;
         match self.read_on(logs.current_feed(), topic, from.clone()).await {
             Err(e @ (Error::Gone(_) | Error::BadRequest(_)))
                 if matches!(from, ReadFrom::After(_)) =>
@@ -223,7 +223,7 @@ impl Log {
         }
         let feed_guard = feed.reader();
         let joined = if feed.next.get().is_none() {
-            self.inner.logs.join(topic, &feed).await?
+            self.inner.live.join(topic, &feed).await?
         } else {
             None
         };

@@ -3,18 +3,17 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
 use tokio::sync::{broadcast, mpsc};
 
-use super::feeds::FeedGuard;
+use super::feeds::{FeedGuard, Logs};
 use super::tail::{ReaderGuard, TailEvent};
 use super::{Entry, PAGE, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
 use crate::bindings::{log as wit, types};
-use crate::broker::Inner;
 use crate::error::{Error, Result};
+use crate::slot::Held;
 
 /// A live read of one topic: a [`Stream`] of entries in order, ending with an error if the
 /// read cannot continue (e.g. it fell behind the retained history: [`Error::Gone`]).
@@ -104,7 +103,7 @@ enum Stop {
 }
 
 pub(super) struct ReaderTask {
-    pub(super) inner: Arc<Inner>,
+    pub(super) inner: Held<Logs>,
     pub(super) topic: String,
     /// The feed this reader reads.
     pub(super) feed: FeedGuard,
@@ -275,7 +274,7 @@ impl ReaderTask {
         let mut attempt = 0;
         loop {
             self.move_on().await?;
-            match self.inner.logs.join(&self.topic, &self.feed.feed).await {
+            match self.inner.live.join(&self.topic, &self.feed.feed).await {
                 Ok(None) => continue,
                 Ok(Some((_, guard, subscription))) => {
                     self.guard = Some(guard);

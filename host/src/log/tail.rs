@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use super::feeds::Feed;
 use super::{RETRY_PAUSE, TAIL_BUFFER};
 use crate::bindings::{log as wit, types};
-use crate::broker::AdapterSlot;
 use crate::error::{Error, Result};
+use crate::slot::AdapterSlot;
 
 /// What a topic tail broadcasts to its local readers.
 #[derive(Clone)]

@@ -14,11 +14,11 @@ use tokio_util::task::TaskTracker;
 use super::delivery::{Delivery, SettleRequest};
 use super::{ConsumeOptions, Handler, RECONSUME_PAUSE, SWITCH_GRACE, handler_backoff};
 use crate::bindings::{queue as wit, types};
-use crate::broker::AdapterSlot;
 use crate::error::{Error, Result};
-use crate::migrate::QueueDrain;
+use crate::handover::QueueDrain;
 use crate::runtime::AdapterInstance;
 use crate::runtime::trace::TargetLogger;
+use crate::slot::AdapterSlot;
 
 /// How often a consumer draining an old broker asks it how much is left.
 const DRAIN_POLL: Duration = Duration::from_millis(100);

@@ -23,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{BatchCall, Batchers};
 use crate::bindings::queue as wit;
-use crate::broker::{AdapterSlot, Inner};
 use crate::error::{Error, Result};
+use crate::handover::{Handover, Migration, MigrationEvent, Progress, QueueDrain, Step};
 use crate::log::Headers;
-use crate::migrate::QueueDrain;
+use crate::runtime::AdapterInstance;
 use crate::runtime::trace::TargetLogger;
+use crate::slot::{AdapterSlot, Held};
 use consumer::{ConsumerShared, Move};
 use delivery::run_settler;
 
@@ -157,6 +158,41 @@ impl Queues {
     }
 }
 
+/// A migration of the queues: consumers consume on the new broker and drain the old one.
+struct QueueMigration<'a>(&'a Queues);
+
+impl Handover for Queues {
+    fn swapped<'a>(&'a self, _new: &'a AdapterInstance) -> Step<'a> {
+        Box::pin(self.switch_all())
+    }
+
+    fn migrating<'a>(
+        &'a self,
+        _old: &'a AdapterInstance,
+        _new: &'a AdapterInstance,
+    ) -> Step<'a, Box<dyn Migration + 'a>> {
+        Box::pin(async move { Box::new(QueueMigration(self)) as Box<dyn Migration> })
+    }
+}
+
+impl Migration for QueueMigration<'_> {
+    fn drain<'a>(&'a mut self, deadline: Instant, progress: &'a Progress) -> Step<'a> {
+        Box::pin(async move {
+            let drains = self.0.migrate_all(deadline).await;
+            progress(MigrationEvent::ConsumersMoved {
+                queues: drains.len(),
+            });
+            let mut pending: futures::stream::FuturesUnordered<_> =
+                drains.into_iter().map(|(_, answer)| answer).collect();
+            while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+                if let Ok(drain) = answer {
+                    progress(MigrationEvent::QueueDrained(drain));
+                }
+            }
+        })
+    }
+}
+
 /// A handler: gets each delivery, may settle it; `Ok` without a settlement acks it, `Err` (or a
 /// panic) retries it after a backoff.
 type Handler =
@@ -165,7 +201,7 @@ type Handler =
 /// The queue capability of one broker.
 #[derive(Clone)]
 pub struct Queue {
-    inner: Arc<Inner>,
+    inner: Held<Queues>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -175,7 +211,7 @@ impl std::fmt::Debug for Queue {
 }
 
 impl Queue {
-    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+    pub(crate) fn new(inner: Held<Queues>) -> Self {
         Self { inner }
     }
 
@@ -190,7 +226,7 @@ impl Queue {
             body: body.into(),
             headers: options.headers,
         };
-        self.inner.queues.produces.submit(queue, message).await
+        self.inner.live.produces.submit(queue, message).await
     }
 
     /// Put several messages on `queue`, in order, in one adapter call.
@@ -261,7 +297,7 @@ impl Queue {
         tokio::spawn(run_settler(settle_rx));
         let runner = tokio::spawn(shared.clone().run(session, deliveries, switch_rx));
         self.inner
-            .queues
+            .live
             .consumers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
