@@ -14,6 +14,10 @@ if ! rustup target add wasm32-wasip2; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 scripts/services.sh
+# Clients the `serve` tests use that nobody here wrote: curl, and Python's `websockets` (pinned).
+command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
+python3 -c 'import websockets, sys; sys.exit(websockets.__version__ != "15.0.1")' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check 'websockets==15.0.1'
 
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings

@@ -83,6 +83,16 @@ enum Command {
         #[arg(long, value_name = "S", default_value_t = 2.0)]
         duration: f64,
     },
+    /// Serve the four capabilities over HTTP until SIGTERM, configured by a TOML file; an edit
+    /// of the file (or SIGHUP) swaps the adapter or migrates the broker of the running host.
+    Serve {
+        /// The config file (see the README's "Serving over HTTP").
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Seconds between two looks at the config file for an edit.
+        #[arg(long, value_name = "S", default_value_t = 1.0)]
+        poll: f64,
+    },
 }
 
 impl Cli {
@@ -90,6 +100,9 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Inspect { component } => inspect::run(&component).await,
+            Command::Serve { config, poll } => {
+                wrpc_broker_serve::serve(config, Duration::from_secs_f64(poll.max(0.05))).await
+            }
             Command::Demo { broker } => demo::run(&broker).await,
             Command::Check {
                 component,

@@ -2,7 +2,8 @@
 //! component, `check` one against the contract suite, `bench` one against the native client,
 //! `migrate` a host with live work to another broker, start a `new-adapter` crate from the
 //! template.
-//! Logs go to stderr, filtered by `RUST_LOG` (default `warn`); results go to stdout.
+//! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, `info` for `serve`); results go
+//! to stdout.
 
 mod bench;
 mod check;
@@ -20,7 +21,9 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let serving = std::env::args().nth(1).as_deref() == Some("serve");
+    let default = if serving { "info" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: `demo 2> file` gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -1,0 +1,447 @@
+//! `wrpc-broker serve` end to end, through clients nobody here wrote: curl for HTTP and
+//! Server-Sent Events, the `websockets` package (Python, pinned in scripts/test.sh) for a queue
+//! consumer. The server is the real binary, stopped with SIGTERM, reloaded by editing its file
+//! and by SIGHUP.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "admin-token-1";
+const READER: &str = "reader-token-1";
+
+/// A `serve` process on a port of its own, with its config in a folder of its own.
+struct Server {
+    child: Child,
+    base: String,
+    dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+fn config_text(port: u16, broker: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:{port}\"\nmax_body_bytes = 4096\n{broker}\n\
+         [[token]]\ntoken = \"{ADMIN}\"\nallow = [\"*:*:*\"]\n\
+         [[token]]\ntoken = \"{READER}\"\nallow = [\"log:read:orders.*\"]\n"
+    )
+}
+
+impl Server {
+    /// Start `serve` on the `[broker]` table `broker` in a fresh folder.
+    fn start(broker: &str) -> Server {
+        let dir = std::env::temp_dir().join(format!("serve-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let port = free_port();
+        std::fs::write(dir.join("serve.toml"), config_text(port, broker)).expect("the config");
+        Server::start_in(dir, port)
+    }
+
+    fn start_in(dir: PathBuf, port: u16) -> Server {
+        let log = std::fs::File::create(dir.join("serve.log")).expect("a log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_wrpc-broker"))
+            .args(["serve", "--config"])
+            .arg(dir.join("serve.toml"))
+            .args(["--poll", "0.2"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting wrpc-broker serve");
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        server.wait_for(
+            || curl(&server.url("/healthz"), &[]).0 == 200,
+            "serve to answer",
+        );
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    fn wait_for(&self, mut done: impl FnMut() -> bool, what: &str) {
+        let started = Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "waited 30 s for {what}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, and the exit status.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting") {
+                return (status, self.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no exit 60 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run curl with `args` on `url`: the status and the body.
+fn curl(url: &str, args: &[&str]) -> (u16, String) {
+    let output = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn bearer(token: &str) -> String {
+    format!("Authorization: Bearer {token}")
+}
+
+fn post(url: &str, token: &str, body: &str) -> (u16, String) {
+    curl(
+        url,
+        &["-X", "POST", "-H", &bearer(token), "--data-binary", body],
+    )
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The events of an SSE response read for `seconds`: (id, data) pairs.
+fn events(url: &str, token: &str, seconds: &str, extra: &[&str]) -> Vec<(String, String)> {
+    let mut args = vec!["-N", "--max-time", seconds, "-H"];
+    let auth = bearer(token);
+    args.push(&auth);
+    args.extend_from_slice(extra);
+    let (_, body) = curl(url, &args);
+    let mut out = Vec::new();
+    let (mut id, mut data) = (String::new(), String::new());
+    for line in body.lines() {
+        if let Some(v) = line
+            .strip_prefix("id: ")
+            .or_else(|| line.strip_prefix("id:"))
+        {
+            id = v.to_string();
+        } else if let Some(v) = line
+            .strip_prefix("data: ")
+            .or_else(|| line.strip_prefix("data:"))
+        {
+            data = v.to_string();
+        } else if line.is_empty() && !data.is_empty() {
+            out.push((std::mem::take(&mut id), std::mem::take(&mut data)));
+        }
+    }
+    out
+}
+
+fn values(events: &[(String, String)]) -> Vec<String> {
+    events
+        .iter()
+        .map(|(_, data)| json(data)["value"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+fn append(server: &Server, topic: &str, value: &str) -> String {
+    let (status, body) = post(&server.url(&format!("/v1/log/{topic}")), ADMIN, value);
+    assert_eq!(status, 201, "append: {body}");
+    json(&body)["id"].as_str().expect("an id").to_string()
+}
+
+#[test]
+fn every_capability_answers_curl_with_its_contract_and_its_errors() {
+    let server = Server::start(
+        "[broker]\nurl = \"memory://\"\noptions = { \"retention.maxEntries\" = \"3\" }",
+    );
+    let feed = server.url("/v1/log/orders.eu");
+    let first = append(&server, "orders.eu", "one");
+    append(&server, "orders.eu", "two");
+    // A reader token reads `orders.*` from the start, and resumes strictly after an id.
+    let all = events(&feed, READER, "1", &[]);
+    assert_eq!(values(&all), ["one", "two"], "{all:?}");
+    assert_eq!(all[0].0, first, "an event's id is the entry's resume token");
+    let resumed = events(
+        &feed,
+        READER,
+        "1",
+        &["-H", &format!("Last-Event-ID: {first}")],
+    );
+    assert_eq!(values(&resumed), ["two"]);
+    // Its errors: 401, 403 (write, and another feed), 400 for a malformed id, 410 once trimmed.
+    assert_eq!(curl(&feed, &["-X", "POST", "--data-binary", "x"]).0, 401);
+    let (status, body) = post(&feed, READER, "x");
+    assert_eq!(
+        (status, json(&body)["status"].as_u64()),
+        (403, Some(403)),
+        "{body}"
+    );
+    assert_eq!(
+        curl(&server.url("/v1/log/invoices"), &["-H", &bearer(READER)]).0,
+        403
+    );
+    let (status, body) = curl(
+        &format!("{feed}?last_event_id=nonsense"),
+        &["-H", &bearer(READER)],
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(!json(&body)["error"].as_str().unwrap_or("").contains('\n'));
+    for n in 0..5 {
+        append(&server, "orders.eu", &format!("more {n}"));
+    }
+    let (status, body) = curl(
+        &format!("{feed}?last_event_id={first}"),
+        &["-H", &bearer(READER)],
+    );
+    assert_eq!(status, 410, "{body}");
+    // 413 past the body limit, as JSON.
+    let big = "x".repeat(5000);
+    let (status, body) = post(&feed, ADMIN, &big);
+    assert_eq!(
+        (status, json(&body)["status"].as_u64()),
+        (413, Some(413)),
+        "{body}"
+    );
+
+    // Direct: 503 with nobody listening; the queue: produce and depth; the backplane over SSE.
+    let (status, body) = post(&server.url("/v1/direct/nobody"), ADMIN, "hi");
+    assert_eq!(status, 503, "{body}");
+    for n in 0..3 {
+        assert_eq!(
+            post(&server.url("/v1/queue/jobs"), ADMIN, &format!("job {n}")).0,
+            202
+        );
+    }
+    let (_, body) = curl(&server.url("/v1/queue/jobs/depth"), &["-H", &bearer(ADMIN)]);
+    assert_eq!(json(&body)["depth"], 3, "{body}");
+    let room = server.url("/v1/backplane/room:lobby");
+    let subscriber = std::thread::spawn({
+        let room = room.clone();
+        move || events(&room, ADMIN, "2", &[])
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(post(&room, ADMIN, "hello").0, 202);
+    let got = subscriber.join().expect("the subscriber");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(json(&got[0].1)["payload"], "hello");
+
+    // Health, metrics and the OpenAPI document.
+    assert_eq!(curl(&server.url("/readyz"), &[]).0, 200);
+    let (_, metrics) = curl(&server.url("/metrics"), &[]);
+    assert!(
+        metrics.contains(
+            "wrpc_serve_operations_total{capability=\"log\",operation=\"append\",outcome=\"ok\"} 7"
+        ) && metrics.contains("wrpc_serve_queue_depth{queue=\"jobs\"} 3")
+            && metrics.contains("wrpc_serve_operation_seconds_bucket"),
+        "{metrics}"
+    );
+    let (_, doc) = curl(&server.url("/openapi.json"), &[]);
+    assert!(json(&doc)["paths"]["/v1/log/{topic}"]["get"].is_object());
+    let (status, body) = curl(&server.url("/v1/nothing"), &[]);
+    assert_eq!((status, json(&body)["status"].as_u64()), (404, Some(404)));
+    let (status, _) = server.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+}
+
+fn python_client(server: &Server, queue: &str, count: usize, hold: bool) -> serde_json::Value {
+    let url = server
+        .url(&format!("/v1/queue/{queue}/consume?prefetch=4"))
+        .replace("http://", "ws://");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/queue_client.py");
+    let mut command = Command::new("python3");
+    command.arg(script).args([&url, ADMIN, &count.to_string()]);
+    if hold {
+        command.arg("hold");
+    }
+    let output = command.output().expect("running python3");
+    assert!(
+        output.status.success(),
+        "the Python client failed: {}\nserve log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+    json(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+#[test]
+fn a_python_websocket_client_consumes_with_retry_and_dead_letter() {
+    let server = Server::start("[broker]\nurl = \"memory://\"");
+    let bodies = ["a", "retry", "b", "dead", "c"];
+    for body in bodies {
+        assert_eq!(post(&server.url("/v1/queue/work"), ADMIN, body).0, 202);
+    }
+    // One delivery held by a socket that closes without settling it comes back, attempt 1.
+    let held = python_client(&server, "work", 1, true);
+    assert_eq!(held["attempt"], 1, "{held}");
+    let got = python_client(&server, "work", bodies.len(), false);
+    let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
+    acked.sort();
+    assert_eq!(acked, ["a", "b", "c", "retry"], "{got}");
+    assert_eq!(got["attempts"]["retry"], serde_json::json!([1, 2]), "{got}");
+    let held_body = held["held"].as_str().expect("a body");
+    assert_eq!(
+        got["attempts"][held_body][0], 1,
+        "released with its attempt unchanged: {got}"
+    );
+    let depth = |queue: &str| {
+        let (_, body) = curl(
+            &server.url(&format!("/v1/queue/{queue}/depth")),
+            &["-H", &bearer(ADMIN)],
+        );
+        json(&body)["depth"].as_u64()
+    };
+    server.wait_for(|| depth("work") == Some(0), "the queue to be empty");
+    assert_eq!(depth("work.dead"), Some(1), "the dead letter");
+}
+
+fn write_config(server: &Server, broker: &str) {
+    let port = server
+        .base
+        .rsplit(':')
+        .next()
+        .expect("a port")
+        .parse()
+        .expect("a number");
+    let path = server.dir.join("serve.toml");
+    let temp = server.dir.join("serve.toml.new");
+    std::fs::write(&temp, config_text(port, broker)).expect("the new config");
+    std::fs::rename(temp, path).expect("replacing the config");
+}
+
+#[test]
+fn an_edited_config_swaps_the_adapter_migrates_the_broker_and_a_bad_one_is_refused() {
+    let prefix = format!("serve{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let memory =
+        format!("[broker]\nurl = \"memory://{prefix}\"\noptions = {{ prefix = \"{prefix}\" }}");
+    let server = Server::start(&memory);
+    append(&server, "orders.a", "before");
+    // A new adapter file: swapped in.
+    let wasm = server.dir.join("memory.wasm");
+    std::fs::write(
+        &wasm,
+        wrpc_broker::drivers::embedded_adapter("memory://").expect("embedded"),
+    )
+    .expect("the adapter file");
+    write_config(&server, &format!("{memory}\ncomponent = \"memory.wasm\""));
+    server.wait_for(|| server.log().contains("config applied"), "the swap");
+    assert!(
+        server.log().contains("swapped the adapter"),
+        "{}",
+        server.log()
+    );
+    append(&server, "orders.a", "after swap");
+    let read = events(&server.url("/v1/log/orders.a"), ADMIN, "1", &[]);
+    assert_eq!(values(&read), ["before", "after swap"]);
+    // A bad config: refused, the running one stays.
+    std::fs::write(server.dir.join("serve.toml"), "listen = 42").expect("a bad config");
+    server.wait_for(|| server.log().contains("config refused"), "the refusal");
+    append(&server, "orders.a", "still served");
+    // Another broker URL, applied on SIGHUP too: migrated, the log goes on on Redis.
+    let redis = format!(
+        "[broker]\nurl = \"redis://127.0.0.1:6379\"\noptions = {{ prefix = \"{prefix}\" }}"
+    );
+    write_config(&server, &redis);
+    let pid = server.child.id().to_string();
+    Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("kill");
+    server.wait_for(|| server.log().contains("migrated"), "the migration");
+    let id = append(&server, "orders.a", "on redis");
+    assert!(!id.is_empty());
+    let (_, metrics) = curl(&server.url("/metrics"), &[]);
+    assert!(
+        metrics.contains("wrpc_serve_swaps_total 1")
+            && metrics.contains("wrpc_serve_migrations_total 1")
+            && metrics.contains("wrpc_serve_reloads_refused_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn sigterm_hands_unsettled_work_back_and_a_restarted_server_resumes_the_feed() {
+    let prefix = format!("serve{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let redis = format!(
+        "[broker]\nurl = \"redis://127.0.0.1:6379\"\noptions = {{ prefix = \"{prefix}\" }}"
+    );
+    let server = Server::start(&redis);
+    for n in 0..3 {
+        append(&server, "orders.r", &format!("entry {n}"));
+    }
+    let read = events(&server.url("/v1/log/orders.r"), ADMIN, "1", &[]);
+    let last = read.last().expect("an entry").0.clone();
+    assert_eq!(post(&server.url("/v1/queue/jobs"), ADMIN, "job").0, 202);
+    // A consumer that takes the job and never settles it, then the server stops.
+    let url = server
+        .url("/v1/queue/jobs/consume")
+        .replace("http://", "ws://");
+    let mut holder = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import json,time\nfrom websockets.sync.client import connect\n\
+             ws = connect('{url}', additional_headers={{'Authorization': 'Bearer {ADMIN}'}})\n\
+             print(json.loads(ws.recv(timeout=20))['body'], flush=True)\ntime.sleep(60)\n"
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("the held job");
+    assert_eq!(line.trim(), "job");
+    let (dir, port) = (
+        server.dir.clone(),
+        server.base.rsplit(':').next().unwrap().parse().unwrap(),
+    );
+    let started = Instant::now();
+    let (status, log) = server.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}\n{log}");
+    eprintln!("serve stopped {:?} after SIGTERM", started.elapsed());
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let server = Server::start_in(dir, port);
+    // The job went back to Redis; the feed resumes after the last id seen, without a gap.
+    let (_, body) = curl(&server.url("/v1/queue/jobs/depth"), &["-H", &bearer(ADMIN)]);
+    assert_eq!(json(&body)["depth"], 1, "the unsettled job is back: {body}");
+    append(&server, "orders.r", "entry 3");
+    let resumed = events(
+        &server.url("/v1/log/orders.r"),
+        ADMIN,
+        "1",
+        &["-H", &format!("Last-Event-ID: {last}")],
+    );
+    assert_eq!(values(&resumed), ["entry 3"]);
+}
