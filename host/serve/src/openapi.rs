@@ -20,8 +20,11 @@ fn json_ok(what: &str, schema: Value) -> Value {
     json!({ "description": what, "content": { "application/json": { "schema": schema } } })
 }
 
+/// A stream of Server-Sent Events, each `{event, id, data}` (data: a JSON object as text).
 fn events(what: &str) -> Value {
-    json!({ "description": what, "content": { "text/event-stream": { "schema": { "type": "string" } } } })
+    json!({ "description": what, "content": { "text/event-stream": { "schema": {
+        "type": "object", "required": ["data"],
+        "properties": { "event": { "type": "string" }, "id": { "type": "string" }, "data": { "type": "string" } } } } } })
 }
 
 /// The errors every operation may answer, as `{status, error}`.
