@@ -14,9 +14,14 @@ if ! rustup target add wasm32-wasip2; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 scripts/services.sh
-# Clients the `serve` tests use that nobody here wrote: curl, Python's `websockets` and
-# schemathesis (pinned).
-command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
+# Clients the `serve` tests use that nobody here wrote: curl, Debian's Chromium (a browser's
+# EventSource), Python's `websockets` and schemathesis (pinned).
+missing=""
+command -v curl >/dev/null || missing="$missing curl"
+command -v chromium >/dev/null || missing="$missing chromium"
+if [ -n "$missing" ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
 python3 -c 'import websockets, sys; sys.exit(websockets.__version__ != "15.0.1")' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check 'websockets==15.0.1'
 python3 -c 'import schemathesis, sys; sys.exit(schemathesis.__version__ != "4.32.5")' 2>/dev/null \

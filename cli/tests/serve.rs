@@ -23,11 +23,16 @@ fn free_port() -> u16 {
 }
 
 fn config_text(port: u16, broker: &str) -> String {
-    format!(
-        "listen = \"127.0.0.1:{port}\"\nmax_body_bytes = 4096\n{broker}\n\
-         [[token]]\ntoken = \"{ADMIN}\"\nallow = [\"*:*:*\"]\n\
+    let tokens = format!(
+        "[[token]]\ntoken = \"{ADMIN}\"\nallow = [\"*:*:*\"]\n\
          [[token]]\ntoken = \"{READER}\"\nallow = [\"log:read:orders.*\"]\n"
-    )
+    );
+    // `open` in the broker text: no tokens (a browser's EventSource sends no Authorization).
+    let (broker, tokens) = match broker.strip_prefix("open\n") {
+        Some(broker) => (broker, String::new()),
+        None => (broker, tokens),
+    };
+    format!("listen = \"127.0.0.1:{port}\"\nmax_body_bytes = 4096\n{broker}\n{tokens}")
 }
 
 impl Server {
@@ -550,4 +555,93 @@ fn schemathesis_finds_no_server_error_and_no_response_outside_the_document() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+fn chromium() -> &'static str {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new("which")
+                .arg(c)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("chromium (scripts/test.sh installs Debian's)")
+}
+
+/// Debian's Chromium, headless, follows a feed with its own `EventSource` across a restart of
+/// `serve`: it reconnects by itself with `Last-Event-ID` and gets every entry once, in order.
+#[test]
+fn a_browser_eventsource_follows_a_feed_across_a_restart_without_gap_or_duplicate() {
+    let prefix = format!("serve{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let redis = format!(
+        "open\n[broker]\nurl = \"redis://127.0.0.1:6379\"\noptions = {{ prefix = \"{prefix}\" }}"
+    );
+    let server = Server::start(&redis);
+    let topic = "orders.browser";
+    for n in 1..=3 {
+        append(&server, topic, &n.to_string());
+    }
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/feed.html");
+    let url = format!(
+        "file://{}?base={}&topic={topic}",
+        page.display(),
+        server.base
+    );
+    let profile = server.dir.join("chromium");
+    let mut browser = Command::new(chromium())
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-web-security",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting chromium");
+    // What the page reported last: the longest list it posted to `<topic>.seen`.
+    let seen = |server: &Server| -> Vec<String> {
+        let reports = events(
+            &server.url(&format!("/v1/log/{topic}.seen")),
+            ADMIN,
+            "1",
+            &[],
+        );
+        reports
+            .iter()
+            .filter_map(|(_, data)| json(data)["value"].as_str().map(str::to_string))
+            .filter_map(|list| serde_json::from_str::<Vec<String>>(&list).ok())
+            .max_by_key(Vec::len)
+            .unwrap_or_default()
+    };
+    server.wait_for(
+        || seen(&server).len() == 3,
+        "the browser to read the first entries",
+    );
+    let (dir, port) = (
+        server.dir.clone(),
+        server.base.rsplit(':').next().unwrap().parse().unwrap(),
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+    std::thread::sleep(Duration::from_secs(1));
+    let server = Server::start_in(dir, port);
+    for n in 4..=5 {
+        append(&server, topic, &n.to_string());
+    }
+    server.wait_for(
+        || seen(&server).len() >= 5,
+        "the browser to reconnect and read on",
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = browser.kill();
+    let _ = browser.wait();
+    assert_eq!(
+        seen(&server),
+        ["1", "2", "3", "4", "5"],
+        "every entry once, in order"
+    );
 }
