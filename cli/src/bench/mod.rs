@@ -19,7 +19,8 @@ use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceO
 use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach, timed,
+    unique,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -199,13 +200,7 @@ async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
             anyhow::Ok(latencies)
         })
     });
-    let mut sample = Sample::default();
-    for worker in futures::future::join_all(workers).await {
-        let latencies = worker??;
-        sample.ops += latencies.len() as u64;
-        sample.latencies.extend(latencies);
-    }
-    sample.elapsed = started.elapsed();
+    let sample = joined(started, workers).await?;
     Ok(sample)
 }
 
@@ -353,12 +348,7 @@ async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
             for _ in 0..FAN_OUT_PAYLOADS {
                 backplane.publish(&channel, payload.clone()).await?;
             }
-            let waited = Instant::now();
-            while received.load(Ordering::Relaxed) < target
-                && waited.elapsed() < Duration::from_secs(10)
-            {
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
+            reach(&received, target, Duration::from_secs(10)).await;
             Ok(FAN_OUT_PAYLOADS * subscribers as u64)
         }
     })

@@ -144,3 +144,30 @@ macro_rules! native_bench_rows {
         }
     )*};
 }
+
+/// One in-flight worker of a bench: a spawned task returning the latency of each operation.
+pub type Worker = tokio::task::JoinHandle<anyhow::Result<Vec<std::time::Duration>>>;
+
+/// Join `workers` into one sample: every operation they did since `started`.
+pub async fn joined(
+    started: Instant,
+    workers: impl IntoIterator<Item = Worker>,
+) -> anyhow::Result<Sample> {
+    let mut sample = Sample::default();
+    for worker in futures::future::join_all(workers).await {
+        let latencies = worker??;
+        sample.ops += latencies.len() as u64;
+        sample.latencies.extend(latencies);
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+/// Wait until `count` reaches `target`, or `patience` has passed (what a fan-out round waits for
+/// its deliveries), looking every 200 µs.
+pub async fn reach(count: &std::sync::atomic::AtomicU64, target: u64, patience: Duration) {
+    let waited = Instant::now();
+    while count.load(std::sync::atomic::Ordering::Relaxed) < target && waited.elapsed() < patience {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}

@@ -9,7 +9,8 @@ use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach, timed,
+    unique,
 };
 
 /// The memory store, used natively.
@@ -50,17 +51,10 @@ impl Native {
                         tokio::task::yield_now().await;
                     }
                 }
-                latencies
+                Ok(latencies)
             })
         });
-        let mut sample = Sample::default();
-        for worker in futures::future::join_all(workers).await {
-            let latencies = worker?;
-            sample.ops += latencies.len() as u64;
-            sample.latencies.extend(latencies);
-        }
-        sample.elapsed = started.elapsed();
-        Ok(sample)
+        joined(started, workers).await
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
@@ -209,12 +203,7 @@ impl Native {
                 for _ in 0..FAN_OUT_PAYLOADS {
                     store.channel_publish(&channel, vec![payload.clone()]);
                 }
-                let waited = Instant::now();
-                while received.load(Ordering::Relaxed) < target
-                    && waited.elapsed() < Duration::from_secs(10)
-                {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                reach(&received, target, Duration::from_secs(10)).await;
                 Ok(FAN_OUT_PAYLOADS * subscribers as u64)
             }
         })

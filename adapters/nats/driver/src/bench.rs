@@ -11,7 +11,8 @@ use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 
 use wrpc_broker_runtime::bench::{
-    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed, unique,
+    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach,
+    timed, unique,
 };
 
 /// A client of the NATS server the broker uses.
@@ -75,13 +76,7 @@ impl Native {
                 anyhow::Ok(latencies)
             })
         });
-        let mut sample = Sample::default();
-        for worker in futures::future::join_all(workers).await {
-            let latencies = worker??;
-            sample.ops += latencies.len() as u64;
-            sample.latencies.extend(latencies);
-        }
-        sample.elapsed = started.elapsed();
+        let sample = joined(started, workers).await?;
         self.delete_stream(&name).await?;
         Ok(sample)
     }
@@ -206,12 +201,7 @@ impl Native {
                         .await?;
                 }
                 client.flush().await?;
-                let waited = Instant::now();
-                while received.load(Ordering::Relaxed) < target
-                    && waited.elapsed() < Duration::from_secs(10)
-                {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                reach(&received, target, Duration::from_secs(10)).await;
                 Ok(FAN_OUT_PAYLOADS)
             }
         })

@@ -11,8 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
 use wrpc_broker_runtime::bench::{
-    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, timed,
-    unique,
+    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
+    reach, timed, unique,
 };
 
 /// A client of the Redis server the broker uses.
@@ -59,13 +59,7 @@ impl Native {
                 anyhow::Ok(latencies)
             })
         });
-        let mut sample = Sample::default();
-        for worker in futures::future::join_all(workers).await {
-            let latencies = worker??;
-            sample.ops += latencies.len() as u64;
-            sample.latencies.extend(latencies);
-        }
-        sample.elapsed = started.elapsed();
+        let sample = joined(started, workers).await?;
         let _: () = connection.clone().del(&key).await?;
         Ok(sample)
     }
@@ -268,12 +262,7 @@ impl Native {
                 for _ in 0..FAN_OUT_PAYLOADS {
                     let _: u64 = connection.publish(&channel, &payload).await?;
                 }
-                let waited = Instant::now();
-                while received.load(std::sync::atomic::Ordering::Relaxed) < target
-                    && waited.elapsed() < Duration::from_secs(10)
-                {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                reach(&received, target, Duration::from_secs(10)).await;
                 Ok(FAN_OUT_PAYLOADS)
             }
         })
