@@ -28,11 +28,12 @@ fn config_text(port: u16, broker: &str) -> String {
          [[token]]\ntoken = \"{READER}\"\nallow = [\"log:read:orders.*\"]\n"
     );
     // `open` in the broker text: no tokens (a browser's EventSource sends no Authorization).
-    let (broker, tokens) = match broker.strip_prefix("open\n") {
-        Some(broker) => (broker, String::new()),
-        None => (broker, tokens),
+    // Its pages are files here (origin `null`).
+    let (top, broker, tokens) = match broker.strip_prefix("open\n") {
+        Some(broker) => ("cors_origins = [\"null\"]\n", broker, String::new()),
+        None => ("", broker, tokens),
     };
-    format!("listen = \"127.0.0.1:{port}\"\nmax_body_bytes = 4096\n{broker}\n{tokens}")
+    format!("listen = \"127.0.0.1:{port}\"\nmax_body_bytes = 4096\n{top}{broker}\n{tokens}")
 }
 
 impl Server {
@@ -571,6 +572,7 @@ fn chromium() -> &'static str {
 
 /// Debian's Chromium, headless, follows a feed with its own `EventSource` across a restart of
 /// `serve`: it reconnects by itself with `Last-Event-ID` and gets every entry once, in order.
+/// The page is a file (origin `null`), let in by the config's `cors_origins`.
 #[test]
 fn a_browser_eventsource_follows_a_feed_across_a_restart_without_gap_or_duplicate() {
     let prefix = format!("serve{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);

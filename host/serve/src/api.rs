@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, Method, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use futures::Stream;
 use serde_json::{Map, Value, json};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use wrpc_broker::{AppendOptions, Packet, ProduceOptions, ReadFrom, SendOptions};
 
 use crate::auth::Access;
@@ -47,7 +48,25 @@ pub fn router(gateway: Shared, max_body: usize) -> Router {
         .fallback(|| async { ApiError::new(404, "no such route (see /openapi.json)") })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(json_errors))
+        .layer(cors(gateway.clone()))
         .with_state(gateway)
+}
+
+/// CORS for the origins of the config in force (read per request, so a reload changes them).
+fn cors(gateway: Shared) -> CorsLayer {
+    let allowed = AllowOrigin::predicate(move |origin, _| {
+        let origins = gateway.config().cors_origins;
+        let origin = origin.to_str().unwrap_or_default();
+        origins.iter().any(|o| o == "*" || o == origin)
+    });
+    CorsLayer::new()
+        .allow_origin(allowed)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("last-event-id"),
+        ])
 }
 
 /// Every error answer as JSON `{status, error}`, also those axum makes itself (413 past the

@@ -5,6 +5,7 @@
 //! ```toml
 //! listen = "127.0.0.1:8080"
 //! max_body_bytes = 1048576
+//! cors_origins = ["https://app.example"]  # browser pages of these origins may call the API
 //!
 //! [broker]                       # every capability, unless it has a table of its own
 //! url = "memory://"
@@ -41,6 +42,8 @@ pub struct Config {
     pub brokers: BTreeMap<&'static str, BrokerConfig>,
     /// The access tokens (none: the API is open, which `serve` warns about).
     pub tokens: Tokens,
+    /// Browser origins allowed to call the API (CORS): exact origins, or `*` for any.
+    pub cors_origins: Vec<String>,
 }
 
 /// Where one capability's broker is and which adapter serves it.
@@ -68,6 +71,8 @@ struct File {
     backplane: Option<BrokerConfig>,
     #[serde(default)]
     token: Vec<TokenEntry>,
+    #[serde(default)]
+    cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,6 +148,7 @@ impl Config {
             max_body_bytes: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             brokers,
             tokens: Tokens::new(grants),
+            cors_origins: file.cors_origins,
         })
     }
 }
