@@ -51,6 +51,11 @@ fn main() {
             name: "probe_forbidden_import",
         },
         Build {
+            package: "wrpc-test-probe",
+            features: &["hostile-describe"],
+            name: "probe_hostile_describe",
+        },
+        Build {
             package: "wrpc-adapter-memory",
             features: &["other-names"],
             name: "memory_other_names",

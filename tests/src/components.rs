@@ -12,6 +12,8 @@ pub const PROBE: &str = env!("WRPC_COMPONENT_PROBE");
 pub const PROBE_ONLY_LOG: &str = env!("WRPC_COMPONENT_PROBE_ONLY_LOG");
 /// The runtime probe importing an interface no host provides.
 pub const PROBE_FORBIDDEN_IMPORT: &str = env!("WRPC_COMPONENT_PROBE_FORBIDDEN_IMPORT");
+/// The runtime probe whose `describe` spins calling the host and never returns.
+pub const PROBE_HOSTILE_DESCRIBE: &str = env!("WRPC_COMPONENT_PROBE_HOSTILE_DESCRIBE");
 
 /// Memory adapters that each break one contract on purpose: (name, path).
 pub const MUTANTS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/mutants.rs"));

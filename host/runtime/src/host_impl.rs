@@ -11,7 +11,6 @@ use crate::token;
 
 impl host::Host for Ctx {
     fn log(&mut self, level: types::Level, message: String) {
-        self.progress();
         let level = match level {
             types::Level::Trace => tracing::Level::TRACE,
             types::Level::Debug => tracing::Level::DEBUG,
@@ -19,16 +18,15 @@ impl host::Host for Ctx {
             types::Level::Warn => tracing::Level::WARN,
             types::Level::Error => tracing::Level::ERROR,
         };
-        self.logger.log(level, &message);
+        // Cut at `output::MAX_LINE`, like stdout and stderr.
+        self.log.log(level, &message);
     }
 
     fn generate_id(&mut self) -> String {
-        self.progress();
         self.ids.generate()
     }
 
     fn now_ms(&mut self) -> u64 {
-        self.progress();
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -42,7 +40,6 @@ impl host::Host for Ctx {
         escape: String,
         max_len: u32,
     ) -> Result<String, types::Error> {
-        self.progress();
         token::encode_token(&name, &safe, &escape, max_len)
             .map_err(|e| types::Error::BadRequest(format!("encode-token: {e}")))
     }
@@ -51,8 +48,7 @@ impl host::Host for Ctx {
 impl types::Host for Ctx {}
 
 impl<T> host::HostWithStore<T> for HasSelf<Ctx> {
-    async fn sleep(accessor: &Accessor<T, Self>, ms: u32) {
+    async fn sleep(_accessor: &Accessor<T, Self>, ms: u32) {
         tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
-        accessor.with(|mut access| access.get().progress());
     }
 }

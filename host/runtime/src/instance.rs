@@ -1,27 +1,29 @@
-//! A running adapter: one Store-owner task per instance, sitting in `run_concurrent` for the
-//! instance's life and draining a request channel with `recv_many`, so many calls are in flight
-//! inside one instance at once. A supervisor replaces a trapped instance (new Store,
-//! `init` again, generation + 1); requests still queued run on the new one.
+//! A running adapter: a handle ([`AdapterInstance`]) to the Store-owner task that serves its
+//! instances (see `supervise`), and calls into it. Every call has a wall clock that fires on the
+//! caller's side, so it answers `timeout` even while the guest holds the instance; a call that
+//! was in flight when its instance trapped answers with that trap's report.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::Accessor;
-use wasmtime::{Store, UpdateDeadline};
 
 use super::lent::DriverConnections;
 use super::loader::{Capabilities, Exports, SharedComponent};
-use super::sandbox::{Ctx, EPOCH_TICK, Limits};
+use super::output::InstanceLog;
+use super::sandbox::{Ctx, Limits};
+use super::start::instantiate;
+use super::supervise::{Supervisor, supervise};
 use super::trace::TargetLogger;
-use crate::bindings::adapter;
 use crate::error::{Error, Result};
 use crate::ids::IdGenerator;
+
+pub use super::start::describe;
 
 /// The future of one job on the Store-owner task. `Err` means the instance is broken (a trap).
 pub type JobFuture<'a> = Pin<Box<dyn Future<Output = wasmtime::Result<()>> + Send + 'a>>;
@@ -30,12 +32,10 @@ pub type Job = Box<dyn for<'a> FnOnce(&'a Accessor<Ctx>, &'a Exports) -> JobFutu
 /// What a call computes: `Err` from wasmtime (a trap) or the call's own result.
 pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result<R>>> + Send + 'a>>;
 
-/// How many queued requests the owner takes per wake-up.
-const JOBS_PER_WAKE: usize = 64;
-/// How long `close` may take before the instance is dropped anyway.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pause between attempts to start a replacement instance that failed to start.
-const RESTART_BACKOFF: Duration = Duration::from_millis(200);
+/// How long a call that was in flight when its instance stopped waits for the trap's report.
+const REPORT_WAIT: Duration = Duration::from_secs(5);
+/// How many trap reports are kept (by generation) for the calls that were in flight.
+const TRAPS_KEPT: usize = 16;
 
 /// Everything needed to start instances of one adapter.
 #[derive(Clone)]
@@ -63,18 +63,53 @@ pub struct AdapterInfo {
     pub options: Vec<(String, String, String)>,
 }
 
-struct Shared {
+/// The trap reports of the last generations that trapped.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct TrapLog {
+    recent: std::collections::VecDeque<(u32, String)>,
+}
+
+impl TrapLog {
+    fn of(&self, generation: u32) -> Option<&str> {
+        self.recent
+            .iter()
+            .find(|(g, _)| *g == generation)
+            .map(|(_, m)| m.as_str())
+    }
+}
+
+/// What the handles and the Store-owner task share.
+pub(crate) struct Shared {
     info: AdapterInfo,
     capabilities: Capabilities,
     limits: Limits,
-    last_trap: Mutex<Option<String>>,
-    closing: CancellationToken,
+    traps: watch::Sender<TrapLog>,
+    /// The memory and tables the live instance holds (its limiter's count).
+    memory: Mutex<Arc<AtomicUsize>>,
+    pub(crate) closing: CancellationToken,
     /// Set by [`AdapterInstance::retire`]: finish what was submitted, then close.
-    retiring: CancellationToken,
+    pub(crate) retiring: CancellationToken,
     /// Where calls go once this instance was retired.
     successor: std::sync::OnceLock<AdapterInstance>,
     /// Cancelled when the Store-owner task has ended.
-    finished: CancellationToken,
+    pub(crate) finished: CancellationToken,
+}
+
+impl Shared {
+    /// Generation `generation` trapped with `message`: tell the calls that were in flight.
+    pub(crate) fn record_trap(&self, generation: u32, message: String) {
+        self.traps.send_modify(|log| {
+            if log.recent.len() == TRAPS_KEPT {
+                log.recent.pop_front();
+            }
+            log.recent.push_back((generation, message));
+        });
+    }
+
+    /// A new instance is live: its limiter's count.
+    pub(crate) fn publish_memory(&self, total: Arc<AtomicUsize>) {
+        *self.memory.lock().unwrap_or_else(|e| e.into_inner()) = total;
+    }
 }
 
 /// A handle to a running adapter; clones share the instance. Dropping every handle closes it.
@@ -107,7 +142,8 @@ impl AdapterInstance {
         config: InstanceConfig,
         generation: u32,
     ) -> Result<Self> {
-        let (store, exports, info) = instantiate(&component, &config, generation, None).await?;
+        let log = InstanceLog::unnamed();
+        let (store, exports, info) = instantiate(&component, &config, generation, log).await?;
         let logger = TargetLogger::new(&format!("broker.{}", info.name));
         let (jobs, rx) = mpsc::channel(1024);
         let (gen_tx, generations) = watch::channel(generation);
@@ -115,7 +151,8 @@ impl AdapterInstance {
             capabilities: component.capabilities,
             info,
             limits: config.limits.clone(),
-            last_trap: Mutex::new(None),
+            traps: watch::channel(TrapLog::default()).0,
+            memory: Mutex::new(store.data().limiter.total()),
             closing: CancellationToken::new(),
             retiring: CancellationToken::new(),
             successor: std::sync::OnceLock::new(),
@@ -161,13 +198,17 @@ impl AdapterInstance {
         self.generations.clone()
     }
 
-    /// The message of the last trap, if any.
+    /// The report of the last trap, if any: its cause on one line.
     pub fn last_trap(&self) -> Option<String> {
-        self.shared
-            .last_trap
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let traps = self.shared.traps.borrow();
+        traps.recent.back().map(|(_, message)| message.clone())
+    }
+
+    /// The bytes of linear memory and tables the live instance holds (what its memory cap,
+    /// `Limits::memory_bytes`, counts).
+    pub fn memory_bytes(&self) -> usize {
+        let memory = self.shared.memory.lock().unwrap_or_else(|e| e.into_inner());
+        memory.load(Ordering::Relaxed)
     }
 
     /// Call `close` on the adapter and stop the instance; later calls fail with `closed`.
@@ -210,285 +251,81 @@ impl AdapterInstance {
         })
     }
 
-    /// Run `f` inside the instance, with the wall-clock call timeout. A trap fails this call
-    /// (and every call in flight) with [`Error::Trapped`]; the instance is replaced.
+    /// Run `f` inside the instance, within the wall-clock call timeout (counted from now, and
+    /// answered on this side: it fires even while the guest holds the instance). A trap fails
+    /// this call (and every call in flight) with [`Error::Trapped`] and the trap's report; the
+    /// instance is replaced.
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: for<'a> FnOnce(&'a Accessor<Ctx>, &'a Exports) -> CallFuture<'a, R> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
         let timeout = self.shared.limits.call_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out =
+            move || Error::Timeout(format!("the adapter did not answer within {timeout:?}"));
+        let (tx, rx) = oneshot::channel();
+        let ran_on = Arc::new(AtomicU32::new(0));
+        let job_ran_on = ran_on.clone();
         let job: Job = Box::new(move |accessor, exports| {
+            let generation = accessor.with(|mut access| access.get().generation);
+            job_ran_on.store(generation, Ordering::Relaxed);
             Box::pin(async move {
-                match tokio::time::timeout(timeout, f(accessor, exports)).await {
+                if tx.is_closed() {
+                    // The caller gave up while this call was queued: do not start it.
+                    return Ok(());
+                }
+                match tokio::time::timeout_at(deadline, f(accessor, exports)).await {
                     Ok(Ok(answer)) => {
                         let _ = tx.send(answer);
                         Ok(())
                     }
-                    Ok(Err(trap)) => {
-                        let _ = tx.send(Err(Error::Trapped(format!("{trap:#}"))));
-                        Err(trap)
-                    }
+                    // The supervisor reports the trap to every call that was in flight.
+                    Ok(Err(trap)) => Err(trap),
                     Err(_) => {
-                        let _ = tx.send(Err(Error::Timeout(format!(
-                            "the adapter did not answer within {timeout:?}"
-                        ))));
+                        let _ = tx.send(Err(timed_out()));
                         Ok(())
                     }
                 }
             })
         });
-        self.submit(job).await?;
-        match rx.await {
-            Ok(answer) => answer,
-            Err(_) if self.is_closed() => Err(Error::Closed("the adapter was closed".into())),
-            Err(_) => Err(Error::Trapped(format!(
-                "the instance trapped while this call was in flight: {}",
-                self.last_trap().unwrap_or_else(|| "no message".into())
-            ))),
-        }
-    }
-}
-
-/// Instantiate `component` in a sandboxed Store and run `describe`, without `init`: what
-/// `wrpc-broker inspect` shows.
-pub async fn describe(component: &SharedComponent, config: &InstanceConfig) -> Result<AdapterInfo> {
-    let (_, _, info) = new_instance(component, config, None).await?;
-    Ok(info)
-}
-
-/// A fresh Store with limits and the CPU slice, instantiated, its exports resolved and
-/// `describe` called.
-async fn new_instance(
-    component: &SharedComponent,
-    config: &InstanceConfig,
-    logger: Option<TargetLogger>,
-) -> Result<(Store<Ctx>, Exports, AdapterInfo)> {
-    let load = |what: &str, e: wasmtime::Error| {
-        Error::Load(format!("{}: {what}: {e:#}", component.source))
-    };
-    // Until `describe` names the adapter, its output goes to `broker.starting`.
-    let logger = logger.unwrap_or_else(|| TargetLogger::new("broker.starting"));
-    let mut store = Store::new(
-        &component.engine,
-        Ctx::new(
-            logger,
-            config.ids.clone(),
-            config.drivers.clone(),
-            &config.limits,
-        ),
-    );
-    store.limiter(|ctx| &mut ctx.limits);
-    let slice_ticks = (config.limits.cpu_slice.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-    let slice = config.limits.cpu_slice;
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |mut ctx| {
-        let data = ctx.data_mut();
-        data.busy_ticks += 1;
-        if data.busy_ticks > slice_ticks {
-            return Err(wasmtime::Error::msg(format!(
-                "CPU slice exhausted: the adapter ran for more than {slice:?} without returning to the host"
-            )));
-        }
-        Ok(UpdateDeadline::Yield(1))
-    });
-    let instance = component
-        .pre
-        .instantiate_async(&mut store)
-        .await
-        .map_err(|e| load("instantiating", e))?;
-    let exports = component
-        .indices
-        .load(&mut store, &instance)
-        .map_err(|e| load("resolving exports", e))?;
-    let described = exports
-        .adapter
-        .call_describe(&mut store)
-        .await
-        .map_err(|e| load("describe", e))?;
-    let info = AdapterInfo {
-        name: described.name,
-        version: described.version,
-        broker: described.broker,
-        options: described
-            .options
-            .into_iter()
-            .map(|o: adapter::OptionInfo| (o.name, o.default_value, o.doc))
-            .collect(),
-    };
-    if info.name.is_empty()
-        || !info
-            .name
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
-    {
-        return Err(Error::Load(format!(
-            "{}: describe() named the adapter {:?}: use letters, digits, `-` and `_`",
-            component.source, info.name
-        )));
-    }
-    store.data_mut().logger = TargetLogger::new(&format!("broker.{}", info.name));
-    Ok((store, exports, info))
-}
-
-/// Start one instance: [`new_instance`], then `init` with the generation and options.
-async fn instantiate(
-    component: &SharedComponent,
-    config: &InstanceConfig,
-    generation: u32,
-    logger: Option<TargetLogger>,
-) -> Result<(Store<Ctx>, Exports, AdapterInfo)> {
-    let (mut store, exports, info) = new_instance(component, config, logger).await?;
-    let options = config.options.clone();
-    let adapter = exports.adapter.clone();
-    let init = store
-        .run_concurrent(async move |accessor| {
-            adapter.call_init(accessor, generation, options).await
-        })
-        .await
-        .and_then(|r| r)
-        .map_err(|e| Error::Load(format!("{}: init trapped: {e:#}", component.source)))?;
-    init.map_err(|e| match Error::from(e) {
-        Error::BadRequest(m) => Error::BadRequest(format!("adapter `{}` options: {m}", info.name)),
-        other => other,
-    })?;
-    Ok((store, exports, info))
-}
-
-struct Supervisor {
-    component: SharedComponent,
-    config: InstanceConfig,
-    shared: Arc<Shared>,
-    generation: u32,
-    gen_tx: watch::Sender<u32>,
-    rx: mpsc::Receiver<Job>,
-    logger: TargetLogger,
-}
-
-enum Exit {
-    Closed,
-    Trapped(String),
-}
-
-/// Serve instance after instance until the adapter is closed.
-async fn supervise(sup: Supervisor, store: Store<Ctx>, exports: Exports) {
-    let finished = sup.shared.finished.clone();
-    serve_generations(sup, store, exports).await;
-    finished.cancel();
-}
-
-async fn serve_generations(mut sup: Supervisor, mut store: Store<Ctx>, mut exports: Exports) {
-    loop {
-        match serve(
-            &mut store,
-            &exports,
-            &mut sup.rx,
-            &sup.shared.closing,
-            &sup.shared.retiring,
-        )
-        .await
-        {
-            Exit::Closed => break,
-            Exit::Trapped(message) => {
-                sup.logger.log(
-                    tracing::Level::ERROR,
-                    &format!(
-                        "generation {} trapped, starting a new instance: {message}",
-                        sup.generation
-                    ),
-                );
-                *sup.shared
-                    .last_trap
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(message);
-            }
-        }
-        drop(store);
-        loop {
-            if sup.shared.closing.is_cancelled() || sup.shared.retiring.is_cancelled() {
-                return;
-            }
-            sup.generation += 1;
-            match instantiate(
-                &sup.component,
-                &sup.config,
-                sup.generation,
-                Some(sup.logger),
-            )
-            .await
-            {
-                Ok((new_store, new_exports, _)) => {
-                    store = new_store;
-                    exports = new_exports;
-                    break;
-                }
-                Err(e) => {
-                    sup.logger.log(
-                        tracing::Level::ERROR,
-                        &format!("cannot start a new instance: {e}"),
-                    );
-                    tokio::time::sleep(RESTART_BACKOFF).await;
-                }
-            }
-        }
-        let _ = sup.gen_tx.send(sup.generation);
-    }
-}
-
-/// The Store-owner loop: run jobs concurrently inside one `run_concurrent` until the adapter is
-/// closed, retired (then: finish every job already queued, refuse new ones so they go to the
-/// successor, and close) or the instance traps.
-async fn serve(
-    store: &mut Store<Ctx>,
-    exports: &Exports,
-    rx: &mut mpsc::Receiver<Job>,
-    closing: &CancellationToken,
-    retiring: &CancellationToken,
-) -> Exit {
-    let outcome = store
-        .run_concurrent(async |accessor| -> wasmtime::Result<Exit> {
-            let mut inflight = FuturesUnordered::new();
-            let mut batch = Vec::with_capacity(JOBS_PER_WAKE);
-            let (mut draining, mut drained) = (false, false);
-            loop {
-                accessor.with(|mut access| access.get().progress());
-                if drained && inflight.is_empty() {
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, exports.adapter.call_close(accessor)).await;
-                    return Ok(Exit::Closed);
-                }
-                tokio::select! {
-                    biased;
-                    _ = closing.cancelled() => {
-                        let _ = tokio::time::timeout(CLOSE_TIMEOUT, exports.adapter.call_close(accessor)).await;
-                        return Ok(Exit::Closed);
-                    }
-                    _ = retiring.cancelled(), if !draining => {
-                        // Later submissions fail here and go to the successor.
-                        rx.close();
-                        draining = true;
-                    }
-                    Some(done) = inflight.next(), if !inflight.is_empty() => done?,
-                    received = rx.recv_many(&mut batch, JOBS_PER_WAKE), if !drained => {
-                        if received == 0 {
-                            if draining {
-                                drained = true;
-                            } else {
-                                // Every handle is gone: close.
-                                closing.cancel();
-                            }
-                            continue;
-                        }
-                        for job in batch.drain(..) {
-                            inflight.push(job(accessor, exports));
-                        }
-                    }
-                }
-            }
+        let answer = tokio::time::timeout_at(deadline, async {
+            self.submit(job).await?;
+            Ok(rx.await)
         })
         .await;
-    match outcome {
-        Ok(Ok(exit)) => exit,
-        Ok(Err(e)) | Err(e) => Exit::Trapped(format!("{e:#}")),
+        match answer {
+            Err(_) => Err(timed_out()),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(Ok(answer))) => answer,
+            Ok(Ok(Err(_))) => self.stopped_in_flight(ran_on.load(Ordering::Relaxed)).await,
+        }
+    }
+
+    /// The answer of a call whose instance (generation `generation`; 0: none took it) stopped
+    /// while it was in flight.
+    async fn stopped_in_flight<R>(&self, generation: u32) -> Result<R> {
+        if generation == 0 || self.is_closed() {
+            return Err(Error::Closed("the adapter was closed".into()));
+        }
+        let mut traps = self.shared.traps.subscribe();
+        let reported = tokio::time::timeout(
+            REPORT_WAIT,
+            traps.wait_for(|log| log.of(generation).is_some()),
+        )
+        .await;
+        if let Ok(Ok(log)) = reported {
+            let message = log.of(generation).unwrap_or_default();
+            return Err(Error::Trapped(format!(
+                "generation {generation} trapped while this call was in flight: {message}"
+            )));
+        }
+        if self.is_closed() {
+            return Err(Error::Closed("the adapter was closed".into()));
+        }
+        Err(Error::Trapped(format!(
+            "generation {generation} stopped while this call was in flight, and no trap was \
+             reported within {REPORT_WAIT:?}"
+        )))
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod bindings;
+pub mod budget;
 pub mod cache;
 mod calls;
 pub mod driver;
@@ -17,11 +18,16 @@ mod host_impl;
 pub mod ids;
 pub mod instance;
 pub mod lent;
+pub mod limiter;
 pub mod loader;
+pub mod output;
 pub mod sandbox;
+mod start;
 pub mod streams;
+mod supervise;
 pub mod token;
 pub mod trace;
+pub mod trap;
 
 pub use cache::{ComponentCache, Origin};
 pub use error::{Error, Result};

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Config, Engine};
 
+use super::budget::{self, EPOCH_TICK};
 use super::cache::{ComponentCache, Origin};
 use super::lent::DriverConnections;
-use super::sandbox::{Ctx, EPOCH_TICK};
+use super::sandbox::Ctx;
 use crate::bindings::{self, adapter, backplane, direct, log, queue};
 use crate::error::{Error, Result};
 
@@ -106,6 +107,7 @@ impl Runtime {
         let mut linker: Linker<Ctx> = Linker::new(&self.engine);
         let link = |linker: &mut Linker<Ctx>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
+            budget::add_guarded_poll(linker)?;
             bindings::HostView::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)?;
             drivers.add_to_linker(linker)
         };

@@ -1,33 +1,31 @@
 //! What one adapter instance may touch: the Store data (`Ctx`), its WASI context with no
-//! filesystem, environment, arguments or network, its memory cap, the CPU slice, and the
-//! component's stdout/stderr turned into `tracing` lines.
+//! filesystem, environment, arguments or network, its memory cap ([`InstanceLimiter`]), its CPU
+//! slice ([`Budget`]), and where its words go ([`InstanceLog`]).
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::AsyncWrite;
 use wasmtime::component::ResourceTable;
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::budget::Budget;
 use super::lent::DriverConnections;
-use super::trace::TargetLogger;
+use super::limiter::InstanceLimiter;
+use super::output::{InstanceLog, TracingOutput};
 use crate::ids::IdGenerator;
 
-/// How long one epoch tick lasts; the CPU slice is counted in ticks.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+pub use super::budget::EPOCH_TICK;
 
 /// Limits applied to every instance of an adapter.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// The most linear memory one instance may grow to.
+    /// The most memory one instance may hold: all its linear memories and tables together.
     pub memory_bytes: usize,
-    /// How long a guest may run without returning to the host before it traps.
+    /// How long a guest may hold its instance (run, or wait in a blocking WASI call) without
+    /// letting the host's event loop run before it traps. Calls into the host do not renew it.
     pub cpu_slice: Duration,
-    /// How long the host waits for one call before answering `timeout`.
+    /// How long the host waits for one call (and for `describe` with `init` when an instance
+    /// starts) before answering `timeout`; `close` gets at most 5 s of it.
     pub call_timeout: Duration,
 }
 
@@ -44,60 +42,49 @@ impl Default for Limits {
 /// The data of one instance's Store.
 pub struct Ctx {
     wasi: WasiCtx,
-    table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) table: ResourceTable,
+    pub(crate) limiter: InstanceLimiter,
     /// `broker.<name>`: where `host.log` and stdout/stderr go.
-    pub(crate) logger: TargetLogger,
+    pub(crate) log: Arc<InstanceLog>,
     /// The operator's id generator.
     pub(crate) ids: Arc<dyn IdGenerator>,
     /// The broker connections lent to this component (only those it was configured with).
     pub(crate) drivers: DriverConnections,
-    /// Epoch ticks the guest has run since it last returned to the host.
-    pub(crate) busy_ticks: u64,
+    /// The CPU slice.
+    pub(crate) budget: Budget,
+    /// The generation of this instance (0 for a `describe`-only instance).
+    pub(crate) generation: u32,
 }
 
 impl Ctx {
-    /// A sandboxed context: no preopens, env or args; stdout/stderr to `tracing`.
+    /// A sandboxed context: no preopens, env or args; stdout/stderr to `log`.
     pub fn new(
-        logger: TargetLogger,
+        log: Arc<InstanceLog>,
         ids: Arc<dyn IdGenerator>,
         drivers: DriverConnections,
         limits: &Limits,
+        generation: u32,
     ) -> Self {
         let wasi = WasiCtx::builder()
-            .stdout(TracingOutput {
-                logger,
-                level: tracing::Level::INFO,
-            })
-            .stderr(TracingOutput {
-                logger,
-                level: tracing::Level::WARN,
-            })
+            .stdout(TracingOutput::stdout(log.clone()))
+            .stderr(TracingOutput::stderr(log.clone()))
             .allow_blocking_current_thread(false)
             .build();
         Self {
             wasi,
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(limits.memory_bytes)
-                .trap_on_grow_failure(true)
-                .build(),
-            logger,
+            limiter: InstanceLimiter::new(limits.memory_bytes),
+            log,
             ids,
             drivers,
-            busy_ticks: 0,
+            budget: Budget::new(limits.cpu_slice),
+            generation,
         }
     }
 
-    /// The guest returned to the host: its CPU slice starts again.
-    pub fn progress(&mut self) {
-        self.busy_ticks = 0;
-    }
-
-    /// The connection of type `T` lent to this component, if it was configured with one; a
-    /// driver's import calls this first (the guest returned to the host: a fresh CPU slice).
+    /// The connection of type `T` lent to this component, if it was configured with one (a
+    /// driver's import calls this first).
     pub fn lent<T: std::any::Any + Send + Sync>(&mut self) -> Option<&T> {
-        self.progress();
         self.drivers.get::<T>()
     }
 }
@@ -108,75 +95,5 @@ impl WasiView for Ctx {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
-    }
-}
-
-/// A component's stdout or stderr: each line becomes a `tracing` event.
-#[derive(Clone, Copy)]
-struct TracingOutput {
-    logger: TargetLogger,
-    level: tracing::Level,
-}
-
-impl IsTerminal for TracingOutput {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl StdoutStream for TracingOutput {
-    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
-        Box::new(LineWriter {
-            out: *self,
-            line: Vec::new(),
-        })
-    }
-}
-
-/// Buffers bytes until a newline, then logs the line.
-struct LineWriter {
-    out: TracingOutput,
-    line: Vec<u8>,
-}
-
-impl LineWriter {
-    fn emit(&mut self) {
-        if !self.line.is_empty() {
-            let text = String::from_utf8_lossy(&self.line);
-            self.out.logger.log(self.out.level, text.trim_end());
-            self.line.clear();
-        }
-    }
-}
-
-impl AsyncWrite for LineWriter {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        for &b in buf {
-            if b == b'\n' {
-                self.emit();
-            } else if self.line.len() < 64 * 1024 {
-                self.line.push(b);
-            }
-        }
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.emit();
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl Drop for LineWriter {
-    fn drop(&mut self) {
-        self.emit();
     }
 }

@@ -27,7 +27,7 @@ fn no_driver() -> wasmtime::Error {
     wasmtime::Error::msg("the memory driver is not configured for this adapter")
 }
 
-/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+/// The connection lent to the calling component.
 fn memory(ctx: &mut Ctx) -> wasmtime::Result<&Arc<MemoryStore>> {
     ctx.lent::<Arc<MemoryStore>>().ok_or_else(no_driver)
 }
@@ -221,7 +221,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         let got = store
             .queue_receive(&queue, max, visibility_ms, wait_ms)
             .await;
-        accessor.with(|mut access| access.get().progress());
         Ok(got
             .into_iter()
             .map(|r| wit::Received {
@@ -256,7 +255,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             reply_to: packet.reply_to,
         };
         let sent = store.inbox_send(&address, packet, timeout_ms).await;
-        accessor.with(|mut access| access.get().progress());
         Ok(sent.map_err(error))
     }
 

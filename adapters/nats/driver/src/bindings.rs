@@ -27,21 +27,16 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
     wit::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)
 }
 
-/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+/// The connection lent to the calling component.
 fn nats(ctx: &mut Ctx) -> wasmtime::Result<NatsDriver> {
     ctx.lent::<NatsDriver>()
         .cloned()
         .ok_or_else(|| wasmtime::Error::msg("the NATS driver is not configured for this adapter"))
 }
 
-/// The driver lent to the calling component (and a fresh CPU slice: the guest returned).
+/// The driver lent to the calling component.
 fn nats_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<NatsDriver> {
     accessor.with(|mut access| nats(access.get()))
-}
-
-/// The guest returned to the host once more (after an await).
-fn progress<T>(accessor: &Accessor<T, HasSelf<Ctx>>) {
-    accessor.with(|mut access| access.get().progress());
 }
 
 /// WIT headers as a NATS header map; a name or value NATS cannot carry is a bad request.
@@ -194,7 +189,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             })
         };
         let result = publish.await;
-        progress(accessor);
         Ok(result)
     }
 
@@ -213,13 +207,11 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
                     .subscriptions
                     .share(&subject, &queue_group, subscriber),
                 Err(e) => {
-                    progress(accessor);
                     return Ok(Err(e));
                 }
             },
         };
         let stream = accessor.with(|mut access| {
-            access.get().progress();
             StreamReader::new(&mut access, BatchProducer::new(subscription, message))
         })?;
         Ok(Ok((id, stream)))
@@ -232,7 +224,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         {
             tracing::debug!(subscription, "nats: unsubscribe: {e:?}");
         }
-        progress(accessor);
         Ok(())
     }
 
@@ -274,14 +265,12 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
                 })
         };
         let result = request.await;
-        progress(accessor);
         Ok(result)
     }
 
     async fn flush(accessor: &Accessor<T, Self>) -> wasmtime::Result<Result<(), wit::NatsError>> {
         let driver = nats_of(accessor)?;
         let result = flush(&driver.client).await;
-        progress(accessor);
         Ok(result)
     }
 }

@@ -24,7 +24,7 @@ pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
     wit::add_to_linker::<_, HasSelf<Ctx>>(linker, |ctx| ctx)
 }
 
-/// The connection lent to the calling component (and a fresh CPU slice: the guest returned).
+/// The connection lent to the calling component.
 fn redis(ctx: &mut Ctx) -> wasmtime::Result<&RedisDriver> {
     ctx.lent::<RedisDriver>()
         .ok_or_else(|| wasmtime::Error::msg("the redis driver is not configured for this adapter"))
@@ -32,10 +32,6 @@ fn redis(ctx: &mut Ctx) -> wasmtime::Result<&RedisDriver> {
 
 fn redis_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<RedisDriver> {
     accessor.with(|mut access| redis(access.get()).cloned())
-}
-
-fn progress<T>(accessor: &Accessor<T, HasSelf<Ctx>>) {
-    accessor.with(|mut access| access.get().progress());
 }
 
 fn error(e: CallError) -> wit::RedisError {
@@ -104,7 +100,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     ) -> wasmtime::Result<Result<Vec<wit::Frame>, wit::RedisError>> {
         let redis = redis_of(accessor)?;
         let reply = redis.conns.command(&args).await;
-        progress(accessor);
         Ok(reply.map(frames).map_err(error))
     }
 
@@ -114,7 +109,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     ) -> wasmtime::Result<Result<Vec<Vec<wit::Frame>>, wit::RedisError>> {
         let redis = redis_of(accessor)?;
         let replies = redis.conns.pipeline(&commands).await;
-        progress(accessor);
         Ok(replies
             .map(|values| values.into_iter().map(frames).collect())
             .map_err(error))
@@ -126,7 +120,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     ) -> wasmtime::Result<Result<Vec<wit::Frame>, wit::RedisError>> {
         let redis = redis_of(accessor)?;
         let reply = redis.conns.blocking(&args).await;
-        progress(accessor);
         Ok(reply.map(frames).map_err(error))
     }
 
@@ -138,13 +131,11 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         let (id, stream, unsubscribed) = match redis.conns.subscribe(&channel).await {
             Ok(subscribed) => subscribed,
             Err(e) => {
-                progress(accessor);
                 return Ok(Err(error(e)));
             }
         };
         let subscription = Subscription::new(id, stream, unsubscribed, redis.conns.clone());
         accessor.with(|mut access| {
-            access.get().progress();
             StreamReader::new(&mut access, BatchProducer::new(subscription, |p| p))
                 .map(|reader| Ok((id, reader)))
         })
@@ -153,7 +144,6 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     async fn unsubscribe(accessor: &Accessor<T, Self>, subscription: u64) -> wasmtime::Result<()> {
         let redis = redis_of(accessor)?;
         redis.conns.unsubscribe(subscription).await;
-        progress(accessor);
         Ok(())
     }
 }

@@ -1,7 +1,10 @@
-//! A probe adapter for the runtime's tests. It keeps nothing; `log.append` obeys its topic:
-//! `trap` traps, `spin` loops forever, `sleep:<ms>` awaits the host's sleep, anything else
-//! answers one id per record at once. With `only-log` it exports only `log`; with
-//! `forbidden-import` it imports an interface no host provides.
+//! A probe adapter for the runtime's tests, hostile on demand. It keeps nothing; `log.append`
+//! obeys its topic (see [`hostile`]): `trap` traps, `spin` loops forever, `sleep:<ms>` awaits
+//! the host's sleep, and the hostile commands below; anything else answers one id per record at
+//! once. `init` misbehaves as its options say (`hostile.init`, from generation
+//! `hostile.initFrom`), `close` as `hostile.close`. With `only-log` it exports only `log`; with
+//! `forbidden-import` it imports an interface no host provides; with `hostile-describe` its
+//! `describe` never returns.
 
 #[cfg(not(any(feature = "only-log", feature = "forbidden-import")))]
 wit_bindgen::generate!({
@@ -44,8 +47,35 @@ use wrpc_broker_guest::{Error, Position, Start};
 struct Probe;
 export!(Probe);
 
+mod hostile;
+
+/// The options `init` takes.
+const OPTIONS: &[wrpc_broker_guest::options::Spec] = &[
+    wrpc_broker_guest::options::Spec {
+        name: "hostile.init",
+        default: "",
+        doc: "how init misbehaves: spin-host, block, hang, panic (empty: it does not)",
+    },
+    wrpc_broker_guest::options::Spec {
+        name: "hostile.initFrom",
+        default: "1",
+        doc: "the first generation whose init misbehaves",
+    },
+    wrpc_broker_guest::options::Spec {
+        name: "hostile.close",
+        default: "",
+        doc: "how close misbehaves: spin-host, block, hang (empty: it does not)",
+    },
+];
+
+static CLOSE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 impl Adapter for Probe {
     fn describe() -> Info {
+        #[cfg(feature = "hostile-describe")]
+        hostile::spin_calling_the_host();
+        // Said before the host knows the adapter's name: it must still go to `broker.probe`.
+        wrpc_broker_guest::log::write(wrpc_broker_guest::Level::Info, "probe: describe");
         Info {
             name: "probe".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -54,11 +84,22 @@ impl Adapter for Probe {
         }
     }
 
-    async fn init(_generation: u32, options: Vec<(String, String)>) -> Result<(), Error> {
-        wrpc_broker_guest::options::Options::new(&[], options).map(drop)
+    async fn init(generation: u32, options: Vec<(String, String)>) -> Result<(), Error> {
+        let options = wrpc_broker_guest::options::Options::new(OPTIONS, options)?;
+        let from: u32 = options.get("hostile.initFrom")?;
+        *CLOSE.lock().unwrap() = options.text("hostile.close").unwrap_or_default();
+        match options.text("hostile.init") {
+            Some(how) if generation >= from => hostile::misbehave(&how).await,
+            _ => Ok(()),
+        }
     }
 
-    async fn close() {}
+    async fn close() {
+        let how = CLOSE.lock().unwrap().clone();
+        if !how.is_empty() {
+            let _ = hostile::misbehave(&how).await;
+        }
+    }
 }
 
 impl Log for Probe {
@@ -78,6 +119,7 @@ impl Log for Probe {
             let ms = ms.parse().map_err(|_| Error::bad_request("sleep:<ms>"))?;
             wrpc_broker_guest::sleep(ms).await;
         }
+        hostile::append(&topic).await?;
         Ok((0..batch.len()).map(|i| i.to_string()).collect())
     }
 
