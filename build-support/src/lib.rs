@@ -106,7 +106,11 @@ pub fn build_all(builds: &[Build<'_>]) -> Vec<PathBuf> {
     let target_dir = outer_target_dir().join("wasm-components");
     let out_dir = target_dir.join("out");
     std::fs::create_dir_all(&out_dir).expect("creating the component output dir");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // WRPC_COMPONENT_CARGO: another cargo for the components (cargo fuzz builds the host with
+    // nightly, which has no wasm32-wasip2 standard library here; see scripts/fuzz.sh).
+    let cargo = std::env::var("WRPC_COMPONENT_CARGO")
+        .or_else(|_| std::env::var("CARGO"))
+        .unwrap_or_else(|_| "cargo".into());
     builds
         .iter()
         .map(|build| {
@@ -137,6 +141,10 @@ pub fn build_all(builds: &[Build<'_>]) -> Vec<PathBuf> {
                 "RUSTC_WORKSPACE_WRAPPER",
             ] {
                 cmd.env_remove(var);
+            }
+            if std::env::var_os("WRPC_COMPONENT_CARGO").is_some() {
+                // That cargo's own toolchain (rust-toolchain.toml), not the outer one's.
+                cmd.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTC");
             }
             let output = cmd.output().expect("running cargo for a component");
             if !output.status.success() {

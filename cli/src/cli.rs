@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{bench, check, demo, inspect, migrate, new_adapter};
+use crate::{bench, check, demo, inspect, migrate, new_adapter, soak};
 
 use clap::{Parser, Subcommand};
 
@@ -93,6 +93,26 @@ enum Command {
         #[arg(long, value_name = "S", default_value_t = 1.0)]
         poll: f64,
     },
+    /// Run every capability at load for a long time, with periodic hot swaps and (with
+    /// `--chaos`) a trapping component beside it; print RSS, open file descriptors, the
+    /// instances' memory, counts and errors over time; fail if anything was lost.
+    Soak {
+        /// The broker.
+        #[arg(long, value_name = "URL", default_value = "memory://")]
+        broker: String,
+        /// How long to run, in seconds.
+        #[arg(long, value_name = "S", default_value_t = 60.0)]
+        duration: f64,
+        /// Seconds between two printed lines.
+        #[arg(long, value_name = "S", default_value_t = 10.0)]
+        every: f64,
+        /// Seconds between two hot swaps of the adapter.
+        #[arg(long, value_name = "S", default_value_t = 5.0)]
+        swap_every: f64,
+        /// A component that traps now and then, run on its own memory store beside the load.
+        #[arg(long, value_name = "FILE")]
+        chaos: Option<PathBuf>,
+    },
 }
 
 impl Cli {
@@ -147,6 +167,22 @@ impl Cli {
                 print!("{}", bench::load_table(&extras.load));
                 print!("{}", bench::swap_table(&extras.swap));
                 Ok(())
+            }
+            Command::Soak {
+                broker,
+                duration,
+                every,
+                swap_every,
+                chaos,
+            } => {
+                let config = soak::SoakConfig {
+                    broker,
+                    duration: Duration::from_secs_f64(duration),
+                    every: Duration::from_secs_f64(every),
+                    swap_every: Duration::from_secs_f64(swap_every),
+                    chaos,
+                };
+                soak::run(&config).await
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `wrpc-broker`: the command line of the host — run the `demo`, `inspect` an adapter
 //! component, `check` one against the contract suite, `bench` one against the native client,
-//! `migrate` a host with live work to another broker, start a `new-adapter` crate from the
-//! template.
+//! `migrate` a host with live work to another broker, `soak` one for a long time, start a
+//! `new-adapter` crate from the template, `serve` the capabilities over HTTP.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, `info` for `serve`); results go
 //! to stdout.
 
@@ -12,6 +12,7 @@ mod demo;
 mod inspect;
 mod migrate;
 mod new_adapter;
+mod soak;
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;

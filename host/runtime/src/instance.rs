@@ -271,21 +271,22 @@ impl AdapterInstance {
             let generation = accessor.with(|mut access| access.get().generation);
             job_ran_on.store(generation, Ordering::Relaxed);
             Box::pin(async move {
-                if tx.is_closed() {
-                    // The caller gave up while this call was queued: do not start it.
-                    return Ok(());
-                }
-                match tokio::time::timeout_at(deadline, f(accessor, exports)).await {
-                    Ok(Ok(answer)) => {
+                let mut tx = tx;
+                // The caller's clock is the call's wall clock: once it fired (or the caller
+                // went away) the receiver is gone, and this stops waiting for the guest.
+                let answer = tokio::select! {
+                    biased;
+                    _ = tx.closed() => None,
+                    answer = f(accessor, exports) => Some(answer),
+                };
+                match answer {
+                    Some(Ok(answer)) => {
                         let _ = tx.send(answer);
                         Ok(())
                     }
                     // The supervisor reports the trap to every call that was in flight.
-                    Ok(Err(trap)) => Err(trap),
-                    Err(_) => {
-                        let _ = tx.send(Err(timed_out()));
-                        Ok(())
-                    }
+                    Some(Err(trap)) => Err(trap),
+                    None => Ok(()),
                 }
             })
         });
