@@ -34,27 +34,6 @@ install() { # command, Debian package
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
 }
 
-# RabbitMQ's environment file is read by rabbitmq-server and by rabbitmqctl alike: the node is
-# rabbit@localhost, and AMQP, epmd and Erlang distribution (server and CLI) bind loopback only.
-# It is written before the install, so that it holds even for a package script that starts the
-# node. No plugin is enabled. The default user guest/guest may connect from loopback only.
-start_rabbitmq() {
-  mkdir -p /etc/rabbitmq
-  cat >/etc/rabbitmq/rabbitmq-env.conf <<'EOF'
-# Written by wrpc-broker's scripts/services.sh: a loopback-only node for the tests.
-NODENAME=rabbit@localhost
-NODE_IP_ADDRESS=127.0.0.1
-NODE_PORT=5672
-ERL_EPMD_ADDRESS=127.0.0.1
-SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-EOF
-  install rabbitmq-server rabbitmq-server
-  rabbitmq-server -detached
-  wait_for 5672 120
-  rabbitmqctl -q await_startup --timeout 60 >/dev/null
-}
-
 start_mosquitto() {
   install mosquitto mosquitto
   mkdir -p /var/log/mosquitto
@@ -92,7 +71,6 @@ for recipe in "$repo"/adapters/*/server.sh; do
   source "$recipe"
   ensure "$name" "$server_port" start_server
 done
-ensure rabbitmq 5672
 ensure mosquitto 1883
 ensure kafka 9092
 say "redis 6379, nats 4222, rabbitmq 5672, mosquitto 1883 and kafka 9092 answer on 127.0.0.1"

@@ -23,6 +23,8 @@ pub fn registry() -> &'static [&'static dyn Driver] {
         &wrpc_driver_redis::Redis,
         #[cfg(feature = "nats")]
         &wrpc_driver_nats::Nats,
+        #[cfg(feature = "rabbitmq")]
+        &wrpc_driver_rabbitmq::RabbitMq,
     ]
 }
 

@@ -1,0 +1,114 @@
+//! `wrpc:broker/backplane` on the direct exchange `P.bp`: channel `c` is the routing key
+//! `enc(c)` (a direct exchange matches keys exactly, so `room:*`, `#` and `a.b` are literal).
+//! Publish is a `basic.publish` per payload on the confirm channel, not mandatory (nobody
+//! subscribed: dropped), answered once the broker confirmed it. A subscription is a
+//! server-named exclusive auto-delete queue bound with that key (bind-ok: from then on every
+//! publish reaches it), bounded by `x-max-length` (drop-head: a laggard loses its oldest) and
+//! consumed without acks; dropping the stream cancels the consumer and the broker deletes the
+//! queue. At most once: nothing is kept for a subscriber that is not there.
+
+use wit_bindgen::StreamReader;
+
+use crate::channel;
+use crate::exports::wrpc::broker::backplane::Guest;
+use crate::wrpc::amqp::client::{self, Confirm, Delivery, FieldValue, Properties, QueueOptions};
+use crate::{Component, config};
+use wrpc_broker_guest::{Error, relay};
+
+/// How many payloads a subscription's queue holds before it drops the oldest.
+const MAX_BACKLOG: i64 = 10_000;
+
+/// Properties of a transient message with no headers.
+pub(crate) fn transient() -> Properties {
+    Properties {
+        message_id: None,
+        correlation_id: None,
+        reply_to: None,
+        expiration: None,
+        persistent: false,
+        headers: Vec::new(),
+    }
+}
+
+/// A consumer without acks on the listening channel: its channel, tag and deliveries.
+pub(crate) struct Bound {
+    pub(crate) channel: u64,
+    pub(crate) tag: String,
+    pub(crate) deliveries: StreamReader<Delivery>,
+}
+
+/// An auto-delete queue bound to `exchange` with `key`, consumed without acks on the listening
+/// channel: server-named and exclusive, or the queue `shared_name` its consumers share.
+pub(crate) async fn bound_queue(
+    exchange: &str,
+    key: &str,
+    shared_name: Option<&str>,
+) -> Result<Bound, Error> {
+    let listen = channel::listen();
+    let options = QueueOptions {
+        durable: false,
+        exclusive: shared_name.is_none(),
+        auto_delete: true,
+        passive: false,
+    };
+    let arguments = vec![("x-max-length".to_string(), FieldValue::Long(MAX_BACKLOG))];
+    let name = shared_name.unwrap_or_default().to_string();
+    let queue = listen
+        .call(|ch| client::queue_declare(ch, name.clone(), options, arguments.clone()))
+        .await?
+        .name;
+    listen
+        .call(|ch| client::queue_bind(ch, queue.clone(), exchange.to_string(), key.to_string()))
+        .await?;
+    let on = std::cell::Cell::new(0);
+    let (tag, deliveries) = listen
+        .call(|ch| {
+            on.set(ch);
+            client::consume(ch, queue.clone(), true, shared_name.is_none(), Vec::new())
+        })
+        .await?;
+    Ok(Bound {
+        channel: on.get(),
+        tag,
+        deliveries,
+    })
+}
+
+impl Guest for Component {
+    async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
+        let config = config()?;
+        let (exchange, key) = (config.exchange("bp"), config.key(&channel)?);
+        for payload in payloads {
+            let confirm = channel::shared()
+                .call(|ch| {
+                    client::publish(
+                        ch,
+                        exchange.clone(),
+                        key.clone(),
+                        false,
+                        transient(),
+                        payload.clone(),
+                    )
+                })
+                .await?;
+            if let Confirm::Nack = confirm {
+                return Err(Error::refused(format!(
+                    "the broker refused a payload on `{channel}`"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn subscribe(channel: String) -> Result<StreamReader<Vec<u8>>, Error> {
+        let config = config()?;
+        let key = config.key(&channel)?;
+        let mut from = bound_queue(&config.exchange("bp"), &key, None)
+            .await?
+            .deliveries;
+        let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
+        let payloads = |batch: Vec<Delivery>| batch.into_iter().map(|d| d.body).collect();
+        wit_bindgen::spawn_local(async move { relay::pump(&mut from, tx, payloads).await });
+        Ok(rx)
+    }
+}

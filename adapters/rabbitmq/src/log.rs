@@ -1,0 +1,535 @@
+//! `wrpc:broker/log` on stream queues: topic `t` is the durable stream `P.log.<enc>`, a single
+//! partition whose offsets are the stream's (`x-stream-offset` of each delivery, dense for
+//! AMQP-published entries). Retention is the stream's: `x-max-length-bytes` / `x-max-age`,
+//! whole segments at a time, never a count (`retention.maxEntries` is not an option here).
+//!
+//! An entry's id is `{epoch}:{offset}`. Every entry carries its log's epoch in `x-wrpc-epoch`:
+//! an appender learns it from the stream's last chunk, or mints one (`host.generate-id`) on an
+//! empty stream, so a deleted and recreated stream, or another topic, has another one. An id
+//! `e:n` is good when entry `n` is there and carries `e`: 410 when it carries another epoch, or
+//! when the first entry a reader from `n` gets is above `n` (trimmed); 400 when malformed, or
+//! past the tip (no entry `n`: the reader gets nothing, or an entry below `n`).
+//!
+//! 0-9-1 has no way to ask a stream for its tip or its first offset, and publisher confirms
+//! carry no offset, so this module learns them from consumers (`x-stream-offset` = `first`,
+//! `last` or a number, on a channel of their own, each batch acknowledged for credit): an empty
+//! stream is one that delivers nothing within [`FIRST_WAIT_MS`]; a page and the stream's last
+//! chunk end after [`QUIET_MS`] of silence (a page cut by time says `done`). An append's ids
+//! come from the appender's read-back consumer on the stream (from `last`, started before the
+//! first publish), which matches each entry's `message_id` to its offset.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::pin::pin;
+use std::rc::Rc;
+
+use futures::future::{Either, select};
+use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
+
+use crate::codec;
+use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
+use crate::inbox::Inbox;
+use crate::wrpc::amqp::client::{self, Confirm, Delivery, FieldTable, FieldValue, QueueOptions};
+use crate::{Component, Config, channel, config};
+use wrpc_broker_guest::signal::{Latch, Notify};
+use wrpc_broker_guest::{Error, Position, Start, host};
+
+/// How long a stream that delivers nothing counts as empty, in milliseconds.
+const FIRST_WAIT_MS: u32 = 300;
+/// How long a reader from an offset that should be there waits for it (past the tip when it
+/// never comes).
+const PRESENT_WAIT_MS: u32 = 1_500;
+/// A page, or the last chunk, ends after this much silence, in milliseconds.
+const QUIET_MS: u32 = 60;
+/// The credit (`basic.qos`) of a stream reader.
+const READ_PREFETCH: u16 = 1_000;
+/// How long an append waits for its read-back.
+const READ_BACK_MS: u64 = 10_000;
+/// How many entries a tail writes at a time at most.
+const BATCH: usize = 256;
+
+/// The arguments of a log stream.
+fn stream_arguments(config: &Config) -> FieldTable {
+    let mut args = vec![codec::text_field("x-queue-type", "stream")];
+    if let Some(bytes) = config.max_bytes {
+        args.push(("x-max-length-bytes".to_string(), FieldValue::Long(bytes)));
+    }
+    if let Some(age) = &config.max_age {
+        args.push(codec::text_field("x-max-age", age.clone()));
+    }
+    if let Some(bytes) = config.segment_bytes {
+        args.push((
+            "x-stream-max-segment-size-bytes".to_string(),
+            FieldValue::Long(bytes),
+        ));
+    }
+    args
+}
+
+thread_local! {
+    /// The streams this instance declared.
+    static DECLARED: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
+    /// The appenders of the topics this instance appended to.
+    static APPENDERS: RefCell<HashMap<String, Rc<Appender>>> = RefCell::new(HashMap::new());
+}
+
+/// The stream of `topic`, declared (once per instance).
+async fn stream(config: &Config, topic: &str) -> Result<String, Error> {
+    let name = config.queue("log", topic)?;
+    if DECLARED.with_borrow(|d| d.contains(&name)) {
+        return Ok(name);
+    }
+    let options = QueueOptions {
+        durable: true,
+        exclusive: false,
+        auto_delete: false,
+        passive: false,
+    };
+    let args = stream_arguments(config);
+    channel::shared()
+        .call(|ch| client::queue_declare(ch, name.clone(), options, args.clone()))
+        .await?;
+    DECLARED.with_borrow_mut(|d| d.insert(name.clone()));
+    Ok(name)
+}
+
+/// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
+fn is_epoch(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Split an id `{epoch}:{offset}` (a canonical number); anything else is a bad request.
+fn parse(id: &str) -> Result<(&str, u64), Error> {
+    let malformed = || Error::bad_request(format!("malformed id `{id}`: expected `epoch:offset`"));
+    let (epoch, offset) = id.rsplit_once(':').ok_or_else(malformed)?;
+    let canonical = !offset.is_empty()
+        && offset.bytes().all(|b| b.is_ascii_digit())
+        && (offset == "0" || !offset.starts_with('0'));
+    if !is_epoch(epoch) || !canonical {
+        return Err(malformed());
+    }
+    Ok((epoch, offset.parse().map_err(|_| malformed())?))
+}
+
+/// A delivery's stream offset.
+fn offset(d: &Delivery) -> u64 {
+    codec::number(&d.properties.headers, codec::STREAM_OFFSET)
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// A delivery's epoch (`none` for an entry another client wrote).
+fn epoch(d: &Delivery) -> String {
+    codec::text(&d.properties.headers, codec::EPOCH)
+        .filter(|e| is_epoch(e))
+        .unwrap_or_else(|| "none".to_string())
+}
+
+/// A stream delivery as an entry.
+fn entry(d: Delivery) -> Entry {
+    let h = &d.properties.headers;
+    let at = offset(&d);
+    Entry {
+        id: format!("{}:{at}", epoch(&d)),
+        pos: Position {
+            partition: 0,
+            offset: at,
+        },
+        key: codec::bytes(h, codec::KEY),
+        headers: codec::unpack(h),
+        value: d.body,
+    }
+}
+
+/// A consumer on a stream, on a channel of its own.
+struct Reading {
+    channel: u64,
+    inbox: Rc<Inbox>,
+}
+
+impl Reading {
+    /// Read `stream` from `offset` (`first`, `last`, `next` or a number).
+    async fn start(stream: &str, offset: FieldValue) -> Result<Reading, Error> {
+        let ch = channel::open(READ_PREFETCH).await?;
+        let args = vec![(codec::STREAM_OFFSET.to_string(), offset)];
+        match client::consume(ch, stream.to_string(), false, false, args).await {
+            Ok((_, deliveries)) => Ok(Reading {
+                channel: ch,
+                inbox: Inbox::start(deliveries, Some(ch)),
+            }),
+            Err(e) => {
+                client::close_channel(ch).await;
+                Err(crate::amqp_error(e))
+            }
+        }
+    }
+
+    /// Stop reading.
+    async fn close(self) {
+        self.inbox.close();
+        client::close_channel(self.channel).await;
+    }
+}
+
+/// The reader positioned after id `id` (`after(id)`), checked: the entry `n` it names, read.
+async fn after(stream: &str, id: &str) -> Result<(Reading, u64), Error> {
+    let (epoch_of_id, n) = parse(id)?;
+    let reading = Reading::start(stream, FieldValue::Long(n as i64)).await?;
+    let checked = match reading.inbox.next(PRESENT_WAIT_MS).await {
+        None => Err(Error::bad_request(format!(
+            "id `{id}` is past the tip of the log"
+        ))),
+        Some(d) if offset(&d) < n => Err(Error::bad_request(format!(
+            "id `{id}` is past the tip of the log (next offset {})",
+            offset(&d)
+        ))),
+        Some(d) if offset(&d) > n => Err(Error::gone(format!(
+            "id `{id}` is older than the retained history (oldest offset {})",
+            offset(&d)
+        ))),
+        Some(d) if epoch(&d) != epoch_of_id => Err(Error::gone(format!(
+            "id `{id}` was minted by another log (entry {n} here has epoch {})",
+            epoch(&d)
+        ))),
+        Some(_) => Ok(n + 1),
+    };
+    match checked {
+        Ok(next) => Ok((reading, next)),
+        Err(e) => {
+            reading.close().await;
+            Err(e)
+        }
+    }
+}
+
+/// Up to `limit` entries after `first` from `reading`; done when it went quiet first.
+async fn page(reading: &Reading, first: Option<Delivery>, limit: u32) -> Page {
+    let mut entries: Vec<Entry> = first.into_iter().map(entry).collect();
+    while entries.len() < limit as usize {
+        match reading.inbox.next(QUIET_MS).await {
+            Some(d) => entries.push(entry(d)),
+            None => {
+                return Page {
+                    entries,
+                    done: true,
+                };
+            }
+        }
+    }
+    Page {
+        entries,
+        done: false,
+    }
+}
+
+impl Guest for Component {
+    async fn append(topic: String, batch: Vec<RecordIn>) -> Result<Vec<String>, Error> {
+        let config = config()?;
+        let stream = stream(&config, &topic).await?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let appender = Appender::of(&topic, &stream).await?;
+        let answer = appender.append(&stream, batch).await;
+        if appender.dead.get() {
+            APPENDERS.with_borrow_mut(|a| a.remove(&topic));
+        }
+        answer
+    }
+
+    fn parse_id(text: String) -> Result<(), Error> {
+        parse(&text).map(|_| ())
+    }
+
+    async fn range(topic: String, origin: Start, limit: u32) -> Result<Page, Error> {
+        if limit == 0 {
+            return Err(Error::bad_request("limit must be at least 1"));
+        }
+        let config = config()?;
+        let stream = stream(&config, &topic).await?;
+        let (reading, first) = match &origin {
+            Start::Latest => {
+                return Ok(Page {
+                    entries: Vec::new(),
+                    done: true,
+                });
+            }
+            Start::Earliest => {
+                let reading = Reading::start(&stream, FieldValue::Text("first".into())).await?;
+                let first = reading.inbox.next(FIRST_WAIT_MS).await;
+                if first.is_none() {
+                    reading.close().await;
+                    return Ok(Page {
+                        entries: Vec::new(),
+                        done: true,
+                    });
+                }
+                (reading, first)
+            }
+            Start::After(id) => (after(&stream, id).await?.0, None),
+        };
+        let page = page(&reading, first, limit).await;
+        reading.close().await;
+        Ok(page)
+    }
+
+    async fn tail(
+        topic: String,
+        origin: Start,
+    ) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
+        let config = config()?;
+        let stream = stream(&config, &topic).await?;
+        let (reading, next, first) = match &origin {
+            Start::Latest => {
+                let reading = Reading::start(&stream, FieldValue::Text("last".into())).await?;
+                // The last chunk comes first: the tip is after its last entry.
+                let mut tip = 0;
+                let mut wait = FIRST_WAIT_MS;
+                while let Some(d) = reading.inbox.next(wait).await {
+                    tip = tip.max(offset(&d) + 1);
+                    wait = QUIET_MS;
+                }
+                (reading, tip, None)
+            }
+            Start::Earliest => {
+                let reading = Reading::start(&stream, FieldValue::Text("first".into())).await?;
+                let first = reading.inbox.next(FIRST_WAIT_MS).await;
+                let at = first.as_ref().map_or(0, offset);
+                (reading, at, first)
+            }
+            Start::After(id) => {
+                let (reading, next) = after(&stream, id).await?;
+                (reading, next, None)
+            }
+        };
+        let (tx, rx) = crate::wit_stream::new::<Entry>();
+        wit_bindgen::spawn_local(follow(reading, next, first, tx));
+        Ok((
+            vec![Position {
+                partition: 0,
+                offset: next,
+            }],
+            rx,
+        ))
+    }
+}
+
+/// Move a tail's deliveries from `next` on into `to`, in order, until the consumer ends (the
+/// connection was lost: the host re-joins with `range`) or the reader is gone.
+async fn follow(
+    reading: Reading,
+    mut next: u64,
+    first: Option<Delivery>,
+    mut to: StreamWriter<Entry>,
+) {
+    let mut pending: Vec<Delivery> = first.into_iter().collect();
+    loop {
+        if pending.is_empty() {
+            reading.inbox.wait(1_000, None).await;
+            pending = reading.inbox.take(BATCH);
+        }
+        if pending.is_empty() {
+            if reading.inbox.has_ended() {
+                break;
+            }
+            // A write of nothing tells whether the reader is still there.
+            let (result, _) = to.write(Vec::new()).await;
+            if matches!(result, StreamResult::Dropped) {
+                break;
+            }
+            continue;
+        }
+        let entries: Vec<Entry> = std::mem::take(&mut pending)
+            .into_iter()
+            .filter(|d| offset(d) >= next)
+            .map(entry)
+            .collect();
+        if let Some(last) = entries.last() {
+            next = last.pos.offset + 1;
+        }
+        if !entries.is_empty() && !to.write_all(entries).await.is_empty() {
+            break;
+        }
+    }
+    drop(to);
+    reading.close().await;
+}
+
+/// One topic's appender on this instance: the epoch, and the read-back consumer that tells
+/// each appended entry's offset.
+struct Appender {
+    epoch: RefCell<String>,
+    /// Set once the epoch is known (the creator learns it; concurrent appends wait).
+    ready: Latch,
+    /// The message ids of appends in flight, and the offset once read back.
+    pending: RefCell<HashMap<String, Option<u64>>>,
+    read_back: Notify,
+    /// The read-back consumer ended: the next append makes a new appender.
+    dead: Cell<bool>,
+    failed: RefCell<Option<Error>>,
+}
+
+impl Appender {
+    /// The appender of `topic`, made when there is none.
+    async fn of(topic: &str, stream: &str) -> Result<Rc<Appender>, Error> {
+        let existing = APPENDERS.with_borrow(|a| a.get(topic).cloned());
+        let appender = match existing {
+            Some(appender) => appender,
+            None => {
+                let appender = Rc::new(Appender {
+                    epoch: RefCell::new(String::new()),
+                    ready: Latch::new(),
+                    pending: RefCell::new(HashMap::new()),
+                    read_back: Notify::new(),
+                    dead: Cell::new(false),
+                    failed: RefCell::new(None),
+                });
+                APPENDERS.with_borrow_mut(|a| a.insert(topic.to_string(), appender.clone()));
+                if let Err(e) = appender.clone().start(stream).await {
+                    appender.dead.set(true);
+                    *appender.failed.borrow_mut() = Some(e);
+                    APPENDERS.with_borrow_mut(|a| a.remove(topic));
+                }
+                appender.ready.set();
+                appender
+            }
+        };
+        appender.ready.wait().await;
+        let failed = appender.failed.borrow().clone();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(appender),
+        }
+    }
+
+    /// Start the read-back consumer (from the last chunk, which tells the epoch).
+    async fn start(self: Rc<Self>, stream: &str) -> Result<(), Error> {
+        let reading = Reading::start(stream, FieldValue::Text("last".into())).await?;
+        let epoch = match reading.inbox.next(FIRST_WAIT_MS).await {
+            Some(d) => epoch(&d),
+            None => host::generate_id(),
+        };
+        *self.epoch.borrow_mut() = epoch;
+        wit_bindgen::spawn_local(self.watch(reading));
+        Ok(())
+    }
+
+    /// Note the offset of each pending append the read-back consumer sees.
+    async fn watch(self: Rc<Self>, reading: Reading) {
+        while !reading.inbox.is_done() {
+            reading.inbox.wait(1_000, None).await;
+            let mut pending = self.pending.borrow_mut();
+            for d in reading.inbox.take(usize::MAX) {
+                if let Some(slot) = d
+                    .properties
+                    .message_id
+                    .as_ref()
+                    .and_then(|id| pending.get_mut(id))
+                {
+                    *slot = Some(offset(&d));
+                }
+            }
+            drop(pending);
+            self.read_back.notify();
+        }
+        self.dead.set(true);
+        self.read_back.notify();
+        reading.close().await;
+    }
+
+    /// Publish `batch` in order, confirmed, then wait for the offset of each.
+    async fn append(&self, stream: &str, batch: Vec<RecordIn>) -> Result<Vec<String>, Error> {
+        let epoch = self.epoch.borrow().clone();
+        let mut ids = Vec::with_capacity(batch.len());
+        let result = self.publish_all(stream, &epoch, batch, &mut ids).await;
+        let offsets = match result {
+            Ok(()) => self.offsets(&ids).await,
+            Err(e) => Err(e),
+        };
+        let mut pending = self.pending.borrow_mut();
+        for id in &ids {
+            pending.remove(id);
+        }
+        Ok(offsets?
+            .into_iter()
+            .map(|o| format!("{epoch}:{o}"))
+            .collect())
+    }
+
+    async fn publish_all(
+        &self,
+        stream: &str,
+        epoch: &str,
+        batch: Vec<RecordIn>,
+        ids: &mut Vec<String>,
+    ) -> Result<(), Error> {
+        for record in batch {
+            let id = host::generate_id();
+            self.pending.borrow_mut().insert(id.clone(), None);
+            ids.push(id.clone());
+            let mut headers = vec![codec::text_field(codec::EPOCH, epoch)];
+            if let Some(key) = record.key {
+                headers.push((codec::KEY.to_string(), FieldValue::Bytes(key)));
+            }
+            codec::pack(&mut headers, &record.headers);
+            let mut properties = codec::persistent(headers);
+            properties.message_id = Some(id);
+            let confirm = channel::shared()
+                .call(|ch| {
+                    client::publish(
+                        ch,
+                        String::new(),
+                        stream.to_string(),
+                        true,
+                        properties.clone(),
+                        record.value.clone(),
+                    )
+                })
+                .await?;
+            match confirm {
+                Confirm::Ack => {}
+                Confirm::Nack => {
+                    return Err(Error::refused(format!(
+                        "the broker refused an entry of {stream}"
+                    )));
+                }
+                Confirm::Returned(why) => {
+                    DECLARED.with_borrow_mut(|d| d.remove(stream));
+                    return Err(Error::unavailable(format!(
+                        "{stream} is gone ({} {})",
+                        why.code, why.text
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The offsets of `ids`, once the read-back consumer saw them all.
+    async fn offsets(&self, ids: &[String]) -> Result<Vec<u64>, Error> {
+        let deadline = host::now_ms() + READ_BACK_MS;
+        loop {
+            let seen: Option<Vec<u64>> = {
+                let pending = self.pending.borrow();
+                ids.iter()
+                    .map(|id| pending.get(id).copied().flatten())
+                    .collect()
+            };
+            if let Some(offsets) = seen {
+                return Ok(offsets);
+            }
+            if self.dead.get() || host::now_ms() > deadline {
+                return Err(Error::unavailable(
+                    "the appended entries were not read back (the stream consumer ended)",
+                ));
+            }
+            let woken = pin!(self.read_back.notified());
+            if let Either::Right(_) = select(woken, pin!(host::sleep(500))).await {
+                continue;
+            }
+        }
+    }
+}
