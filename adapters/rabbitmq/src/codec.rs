@@ -1,12 +1,14 @@
 //! How the broker's data rides on AMQP messages. A field table keeps one value per name, in
 //! name order, so the broker's headers (bytes, repeated names, order) travel in one header,
-//! [`HEADERS`]: an array of byte arrays `[name, value, name, value, …]` that a plain AMQP
-//! client reads as well. The adapter's own fields are headers of their own.
+//! [`HEADERS`], a byte array (`x`): a u32 count, then each name and value as a u32 length and
+//! its bytes (big-endian lengths, as the Redis adapter's field `h`). Not a field array: a
+//! stream queue of RabbitMQ 3.10 drops array headers (its AMQP 1.0 conversion keeps byte
+//! arrays). The adapter's own fields are headers of their own.
 
 use crate::wrpc::amqp::client::{FieldTable, FieldValue, Properties};
 use wrpc_broker_guest::Headers;
 
-/// The broker's headers: `[name, value, …]`.
+/// The broker's headers, packed.
 pub(crate) const HEADERS: &str = "x-wrpc-headers";
 /// A log entry's key (bytes).
 pub(crate) const KEY: &str = "x-wrpc-key";
@@ -26,22 +28,50 @@ pub(crate) fn pack(table: &mut FieldTable, headers: &Headers) {
     if headers.is_empty() {
         return;
     }
-    let items = headers
-        .iter()
-        .flat_map(|(name, value)| [name.as_bytes().to_vec(), value.clone()])
-        .collect();
-    table.push((HEADERS.to_string(), FieldValue::ByteArrays(items)));
+    let mut out = Vec::new();
+    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
+    out.extend(len(headers.len()));
+    for (name, value) in headers {
+        out.extend(len(name.len()));
+        out.extend(name.as_bytes());
+        out.extend(len(value.len()));
+        out.extend(value);
+    }
+    table.push((HEADERS.to_string(), FieldValue::Bytes(out)));
 }
 
 /// The broker's headers unpacked from [`HEADERS`] (empty when absent or malformed).
 pub(crate) fn unpack(table: &FieldTable) -> Headers {
-    let Some(FieldValue::ByteArrays(items)) = field(table, HEADERS) else {
-        return Vec::new();
-    };
-    items
-        .chunks_exact(2)
-        .filter_map(|pair| Some((String::from_utf8(pair[0].clone()).ok()?, pair[1].clone())))
-        .collect()
+    bytes(table, HEADERS)
+        .and_then(|packed| decode(&packed))
+        .unwrap_or_default()
+}
+
+/// The next `n` bytes of `packed` from `at`.
+fn take<'a>(packed: &'a [u8], at: &mut usize, n: usize) -> Option<&'a [u8]> {
+    let part = packed.get(*at..at.checked_add(n)?)?;
+    *at += n;
+    Some(part)
+}
+
+/// The next u32 length of `packed` from `at`.
+fn length(packed: &[u8], at: &mut usize) -> Option<usize> {
+    let b: [u8; 4] = take(packed, at, 4)?.try_into().ok()?;
+    Some(u32::from_be_bytes(b) as usize)
+}
+
+/// Packed headers; none when malformed.
+fn decode(packed: &[u8]) -> Option<Headers> {
+    let mut at = 0;
+    let count = length(packed, &mut at)?;
+    let mut headers = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        let n = length(packed, &mut at)?;
+        let name = String::from_utf8(take(packed, &mut at, n)?.to_vec()).ok()?;
+        let n = length(packed, &mut at)?;
+        headers.push((name, take(packed, &mut at, n)?.to_vec()));
+    }
+    Some(headers)
 }
 
 /// The field `name`, if present.

@@ -38,6 +38,8 @@ use wrpc_broker_guest::{Error, Headers, Tag};
 
 wrpc_broker_guest::queue_conversions!(crate::exports::wrpc::broker::queue);
 
+/// How long `depth` waits for the broker's counts to settle, in milliseconds.
+const STAT_SETTLE_MS: u32 = 100;
 /// The longest one receive waits for a delivery, in milliseconds.
 const RECEIVE_WAIT_MS: u32 = 250;
 
@@ -365,6 +367,10 @@ impl Guest for Component {
     async fn depth(queue: String) -> Result<u64, Error> {
         let config = config()?;
         let main = config.queue("q", &queue)?;
+        // ⚠ A quorum queue's ready count (declare-ok) lags the deliveries it just made for a
+        // moment: a delivery this instance already holds may still count as ready. Counted
+        // after a pause, it does not.
+        wrpc_broker_guest::sleep(STAT_SETTLE_MS).await;
         let mut depth = ready(&main).await?;
         for b in &config.buckets {
             depth += ready(&format!("{main}.retry.{b}")).await?;
