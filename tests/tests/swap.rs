@@ -2,7 +2,7 @@
 //! and consumers run 10 000 queue messages and a log reader follows a feed; the same with a
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails; a service answers requests
-//! throughout. The same on Redis and NATS. And a service answers every request from concurrent
+//! throughout. The same on Redis, NATS and RabbitMQ. And a service answers every request from concurrent
 //! requesters while the adapter is swapped 100 times back to back, on each broker, to an
 //! ungrouped listener and to a group.
 
@@ -55,6 +55,13 @@ async fn twenty_swaps_under_load_lose_nothing_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
+    let generation = workload(builder, wasm, options, true).await.unwrap();
+    assert_eq!(generation, SWAPS as u32 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
+    let (builder, wasm, options) = on_server("amqp://127.0.0.1:5672");
     let generation = workload(builder, wasm, options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
@@ -446,7 +453,9 @@ requests_across_swaps! {
     requests_across_back_to_back_swaps_are_all_answered: memory_setup(), None;
     requests_across_back_to_back_swaps_are_all_answered_on_redis: on_server("redis://127.0.0.1:6379"), None;
     requests_across_back_to_back_swaps_are_all_answered_on_nats: on_server("nats://127.0.0.1:4222"), None;
+    requests_across_back_to_back_swaps_are_all_answered_on_rabbitmq: on_server("amqp://127.0.0.1:5672"), None;
     grouped_requests_across_back_to_back_swaps_are_all_answered: memory_setup(), Some("service");
     grouped_requests_across_back_to_back_swaps_are_all_answered_on_redis: on_server("redis://127.0.0.1:6379"), Some("service");
     grouped_requests_across_back_to_back_swaps_are_all_answered_on_nats: on_server("nats://127.0.0.1:4222"), Some("service");
+    grouped_requests_across_back_to_back_swaps_are_all_answered_on_rabbitmq: on_server("amqp://127.0.0.1:5672"), Some("service");
 }
