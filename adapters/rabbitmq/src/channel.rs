@@ -9,8 +9,7 @@ use std::future::Future;
 
 use crate::amqp_error;
 use crate::wrpc::amqp::client::{self, AmqpError};
-use wrpc_broker_guest::Error;
-use wrpc_broker_guest::signal::Notify;
+use wrpc_broker_guest::{Error, host};
 
 /// A channel the instance keeps open for many calls.
 pub(crate) struct Kept {
@@ -18,10 +17,12 @@ pub(crate) struct Kept {
     confirms: bool,
     /// The open channel, if any.
     id: Cell<Option<u64>>,
-    /// True while a call opens it; the others wait on `opened`.
-    opening: Cell<bool>,
-    opened: Notify,
 }
+
+/// How long a channel is waited for while the broker is unreachable, in milliseconds.
+pub(crate) const UNREACHABLE_MS: u64 = 15_000;
+/// The pause between tries, in milliseconds.
+pub(crate) const RETRY_MS: u32 = 200;
 
 thread_local! {
     static SHARED: &'static Kept = Box::leak(Box::new(Kept::new(true)));
@@ -38,9 +39,24 @@ pub(crate) fn probe() -> &'static Kept {
     PROBE.with(|k| *k)
 }
 
+/// Open a channel; while the broker is unreachable (a restart), tried again every
+/// [`RETRY_MS`] for up to [`UNREACHABLE_MS`].
+async fn open_channel(confirms: bool) -> Result<u64, AmqpError> {
+    let deadline = host::now_ms() + UNREACHABLE_MS;
+    loop {
+        match client::open_channel(confirms).await {
+            Err(AmqpError::Unavailable(why)) if host::now_ms() < deadline => {
+                crate::debug(&format!("no channel ({why}), trying again"));
+                host::sleep(RETRY_MS).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// Open a channel of its own with `basic.qos(prefetch)`.
 pub(crate) async fn open(prefetch: u16) -> Result<u64, Error> {
-    let id = client::open_channel(false).await.map_err(amqp_error)?;
+    let id = open_channel(false).await.map_err(amqp_error)?;
     if let Err(e) = client::qos(id, prefetch).await {
         client::close_channel(id).await;
         return Err(amqp_error(e));
@@ -53,29 +69,26 @@ impl Kept {
         Self {
             confirms,
             id: Cell::new(None),
-            opening: Cell::new(false),
-            opened: Notify::new(),
         }
     }
 
-    /// The open channel, opening one when there is none.
+    /// The open channel, opening one when there is none (another call may open one meanwhile:
+    /// the first one set is kept).
     async fn get(&self) -> Result<u64, Error> {
-        loop {
-            if let Some(id) = self.id.get() {
-                return Ok(id);
-            }
-            if !self.opening.get() {
-                break;
-            }
-            self.opened.notified().await;
+        if let Some(id) = self.id.get() {
+            return Ok(id);
         }
-        self.opening.set(true);
-        let opened = client::open_channel(self.confirms).await;
-        self.opening.set(false);
-        self.opened.notify();
-        let id = opened.map_err(amqp_error)?;
-        self.id.set(Some(id));
-        Ok(id)
+        let id = open_channel(self.confirms).await.map_err(amqp_error)?;
+        match self.id.get() {
+            Some(kept) => {
+                client::close_channel(id).await;
+                Ok(kept)
+            }
+            None => {
+                self.id.set(Some(id));
+                Ok(id)
+            }
+        }
     }
 
     /// Forget channel `id` (closed by the broker) and close it on the driver.
@@ -86,28 +99,36 @@ impl Kept {
         client::close_channel(id).await;
     }
 
-    /// Make `op` on the channel; when the channel was closed, once more on a new one.
+    /// Make `op` on the channel; when the channel was closed, once more on a new one, and
+    /// while the error passes by itself (a restarting broker), again every [`RETRY_MS`] for up
+    /// to [`UNREACHABLE_MS`].
     pub(crate) async fn call<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
         F: Fn(u64) -> Fut,
         Fut: Future<Output = Result<T, AmqpError>>,
     {
-        let id = self.get().await?;
-        match op(id).await {
-            Err(AmqpError::Closed(why)) => {
+        let deadline = host::now_ms() + UNREACHABLE_MS;
+        let mut reopened = false;
+        loop {
+            let id = self.get().await?;
+            let e = match op(id).await {
+                Err(e) => e,
+                answer => return answer.map_err(amqp_error),
+            };
+            if let AmqpError::Closed(why) = &e {
                 crate::debug(&format!(
                     "channel {id} closed ({} {}), reopening",
                     why.code, why.text
                 ));
                 self.drop_channel(id).await;
-                let id = self.get().await?;
-                let answer = op(id).await;
-                if let Err(AmqpError::Closed(_)) = &answer {
-                    self.drop_channel(id).await;
-                }
-                answer.map_err(amqp_error)
             }
-            answer => answer.map_err(amqp_error),
+            if crate::transient(&e) && host::now_ms() < deadline {
+                host::sleep(RETRY_MS).await;
+            } else if matches!(e, AmqpError::Closed(_)) && !reopened {
+                reopened = true;
+            } else {
+                return Err(amqp_error(e));
+            }
         }
     }
 

@@ -198,6 +198,21 @@ pub(crate) fn config() -> Result<Rc<Config>, Error> {
         .ok_or_else(|| Error::closed("the adapter was not initialised"))
 }
 
+/// Whether `e` passes by itself: the broker is unreachable, the connection was lost (code 0,
+/// 320 forced), or a restarted node has not yet brought a durable queue back (404 "home node
+/// … is down or inaccessible", 406 "does not have a replica on the local node").
+pub(crate) fn transient(e: &AmqpError) -> bool {
+    match e {
+        AmqpError::Unavailable(_) | AmqpError::Timeout(_) => true,
+        AmqpError::Closed(why) => {
+            matches!(why.code, 0 | 320 | 541)
+                || why.text.contains("down or inaccessible")
+                || why.text.contains("does not have a replica")
+        }
+        _ => false,
+    }
+}
+
 /// A driver error as a broker error.
 pub(crate) fn amqp_error(e: AmqpError) -> Error {
     match e {

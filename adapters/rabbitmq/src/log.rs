@@ -12,11 +12,15 @@
 //!
 //! 0-9-1 has no way to ask a stream for its tip or its first offset, and publisher confirms
 //! carry no offset, so this module learns them from consumers (`x-stream-offset` = `first`,
-//! `last` or a number, on a channel of their own, each batch acknowledged for credit): an empty
-//! stream is one that delivers nothing within [`FIRST_WAIT_MS`]; a page and the stream's last
-//! chunk end after [`QUIET_MS`] of silence (a page cut by time says `done`). An append's ids
-//! come from the appender's read-back consumer on the stream (from `last`, started before the
-//! first publish), which matches each entry's `message_id` to its offset.
+//! `last` or a number, on a channel of their own, each batch acknowledged for credit). Whether
+//! a stream has entries at all is told by its marker queue `P.log.<enc>.nonempty` (a classic
+//! queue whose exact message count declare-ok returns): the first appender of a stream puts a
+//! message there before its first entry, so a count of 0 means no entry was ever appended, and
+//! a reader of a non-empty stream waits for its first delivery as long as it takes (up to
+//! [`FIRST_WAIT_MS`]). A page and the stream's last chunk end after [`QUIET_MS`] of silence (a
+//! page cut by time says `done`). An append's ids come from the appender's read-back consumer
+//! on the stream (from `last`, started before the first publish), which matches each entry's
+//! `message_id` to its offset.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,11 +38,11 @@ use crate::{Component, Config, channel, config};
 use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, Position, Start, host};
 
-/// How long a stream that delivers nothing counts as empty, in milliseconds.
-const FIRST_WAIT_MS: u32 = 300;
+/// How long a reader of a non-empty stream waits for its first delivery, in milliseconds.
+const FIRST_WAIT_MS: u32 = 10_000;
 /// How long a reader from an offset that should be there waits for it (past the tip when it
 /// never comes).
-const PRESENT_WAIT_MS: u32 = 1_500;
+const PRESENT_WAIT_MS: u32 = 5_000;
 /// A page, or the last chunk, ends after this much silence, in milliseconds.
 const QUIET_MS: u32 = 60;
 /// The credit (`basic.qos`) of a stream reader.
@@ -69,6 +73,8 @@ fn stream_arguments(config: &Config) -> FieldTable {
 thread_local! {
     /// The streams this instance declared.
     static DECLARED: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
+    /// The streams this instance knows have entries.
+    static NON_EMPTY: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
     /// The appenders of the topics this instance appended to.
     static APPENDERS: RefCell<HashMap<String, Rc<Appender>>> = RefCell::new(HashMap::new());
 }
@@ -91,6 +97,39 @@ async fn stream(config: &Config, topic: &str) -> Result<String, Error> {
         .await?;
     DECLARED.with_borrow_mut(|d| d.insert(name.clone()));
     Ok(name)
+}
+
+/// The marker queue of `stream`: a message there means the stream has (or is about to have)
+/// entries.
+fn marker(stream: &str) -> String {
+    format!("{stream}.nonempty")
+}
+
+/// Declare the marker queue of `stream`: how many markers it holds.
+async fn markers(stream: &str) -> Result<u32, Error> {
+    let options = QueueOptions {
+        durable: true,
+        exclusive: false,
+        auto_delete: false,
+        passive: false,
+    };
+    let name = marker(stream);
+    let info = channel::shared()
+        .call(|ch| client::queue_declare(ch, name.clone(), options, Vec::new()))
+        .await?;
+    Ok(info.messages)
+}
+
+/// Whether `stream` has entries (or an appender is about to write its first).
+async fn non_empty(stream: &str) -> Result<bool, Error> {
+    if NON_EMPTY.with_borrow(|n| n.contains(stream)) {
+        return Ok(true);
+    }
+    let found = markers(stream).await? > 0;
+    if found {
+        NON_EMPTY.with_borrow_mut(|n| n.insert(stream.to_string()));
+    }
+    Ok(found)
 }
 
 /// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
@@ -151,18 +190,27 @@ struct Reading {
 }
 
 impl Reading {
-    /// Read `stream` from `offset` (`first`, `last`, `next` or a number).
+    /// Read `stream` from `offset` (`first`, `last`, `next` or a number); while the stream is
+    /// not back yet after a restart, tried again for up to [`channel::UNREACHABLE_MS`].
     async fn start(stream: &str, offset: FieldValue) -> Result<Reading, Error> {
-        let ch = channel::open(READ_PREFETCH).await?;
-        let args = vec![(codec::STREAM_OFFSET.to_string(), offset)];
-        match client::consume(ch, stream.to_string(), false, false, args).await {
-            Ok((_, deliveries)) => Ok(Reading {
-                channel: ch,
-                inbox: Inbox::start(deliveries, Some(ch)),
-            }),
-            Err(e) => {
-                client::close_channel(ch).await;
-                Err(crate::amqp_error(e))
+        let deadline = host::now_ms() + channel::UNREACHABLE_MS;
+        loop {
+            let ch = channel::open(READ_PREFETCH).await?;
+            let args = vec![(codec::STREAM_OFFSET.to_string(), offset.clone())];
+            match client::consume(ch, stream.to_string(), false, false, args).await {
+                Ok((_, deliveries)) => {
+                    return Ok(Reading {
+                        channel: ch,
+                        inbox: Inbox::start(deliveries, Some(ch)),
+                    });
+                }
+                Err(e) => {
+                    client::close_channel(ch).await;
+                    if !crate::transient(&e) || host::now_ms() >= deadline {
+                        return Err(crate::amqp_error(e));
+                    }
+                    host::sleep(channel::RETRY_MS).await;
+                }
             }
         }
     }
@@ -258,6 +306,12 @@ impl Guest for Component {
                 });
             }
             Start::Earliest => {
+                if !non_empty(&stream).await? {
+                    return Ok(Page {
+                        entries: Vec::new(),
+                        done: true,
+                    });
+                }
                 let reading = Reading::start(&stream, FieldValue::Text("first".into())).await?;
                 let first = reading.inbox.next(FIRST_WAIT_MS).await;
                 if first.is_none() {
@@ -282,7 +336,11 @@ impl Guest for Component {
     ) -> Result<(Vec<Position>, StreamReader<Entry>), Error> {
         let config = config()?;
         let stream = stream(&config, &topic).await?;
+        let empty =
+            matches!(origin, Start::Latest | Start::Earliest) && !non_empty(&stream).await?;
         let (reading, next, first) = match &origin {
+            // Nothing was ever appended: everything from offset 0 on is new.
+            _ if empty => (Reading::start(&stream, FieldValue::Long(0)).await?, 0, None),
             Start::Latest => {
                 let reading = Reading::start(&stream, FieldValue::Text("last".into())).await?;
                 // The last chunk comes first: the tip is after its last entry.
@@ -405,16 +463,59 @@ impl Appender {
         }
     }
 
-    /// Start the read-back consumer (from the last chunk, which tells the epoch).
+    /// Start the read-back consumer (from the last chunk, which tells the epoch). On a stream
+    /// nothing was appended to, mint the epoch and put the marker first.
     async fn start(self: Rc<Self>, stream: &str) -> Result<(), Error> {
         let reading = Reading::start(stream, FieldValue::Text("last".into())).await?;
-        let epoch = match reading.inbox.next(FIRST_WAIT_MS).await {
+        let last = match non_empty(stream).await {
+            Ok(true) => reading.inbox.next(FIRST_WAIT_MS).await,
+            Ok(false) => None,
+            Err(e) => {
+                reading.close().await;
+                return Err(e);
+            }
+        };
+        let epoch = match last {
             Some(d) => epoch(&d),
-            None => host::generate_id(),
+            None => {
+                let epoch = host::generate_id();
+                if let Err(e) = Self::mark(stream, &epoch).await {
+                    reading.close().await;
+                    return Err(e);
+                }
+                epoch
+            }
         };
         *self.epoch.borrow_mut() = epoch;
         wit_bindgen::spawn_local(self.watch(reading));
         Ok(())
+    }
+
+    /// Put the marker of `stream` (its body the epoch), confirmed, before its first entry.
+    async fn mark(stream: &str, epoch: &str) -> Result<(), Error> {
+        let name = marker(stream);
+        let properties = codec::persistent(Vec::new());
+        let confirm = channel::shared()
+            .call(|ch| {
+                client::publish(
+                    ch,
+                    String::new(),
+                    name.clone(),
+                    true,
+                    properties.clone(),
+                    epoch.as_bytes().to_vec(),
+                )
+            })
+            .await?;
+        match confirm {
+            Confirm::Ack => {
+                NON_EMPTY.with_borrow_mut(|n| n.insert(stream.to_string()));
+                Ok(())
+            }
+            _ => Err(Error::unavailable(format!(
+                "the marker of {stream} was not taken"
+            ))),
+        }
     }
 
     /// Note the offset of each pending append the read-back consumer sees.

@@ -31,8 +31,11 @@ wasmtime::component::bindgen!({
 
 pub(crate) use wrpc::amqp::client as wit;
 
-/// How long one broker call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one broker call may take (a queue a restarted node has not brought back yet takes
+/// publishes without confirming them; the adapter tries again).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long opening a channel may take (a connection that died unnoticed never answers).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deliveries a consumer's stream holds before its task waits for the guest to read.
 const CONSUMER_BUFFER: usize = 512;
 
@@ -109,9 +112,9 @@ impl AmqpDriver {
             .connection()
             .await
             .map_err(wit::AmqpError::Unavailable)?;
-        let channel = connection
-            .create_channel()
+        let channel = tokio::time::timeout(OPEN_TIMEOUT, connection.create_channel())
             .await
+            .map_err(|_| wit::AmqpError::Unavailable("opening a channel timed out".into()))?
             .map_err(|e| wit::AmqpError::Unavailable(e.to_string()))?;
         if confirms {
             channel

@@ -31,6 +31,8 @@ pub const INTERFACE: &str = "wrpc:amqp/client";
 /// The RabbitMQ adapter component, built from `adapters/rabbitmq` and shipped inside the host.
 pub static ADAPTER: &[u8] = include_bytes!(env!("WRPC_RABBITMQ_COMPONENT"));
 
+/// The heartbeat asked for, in seconds (0: none).
+const HEARTBEAT_S: u16 = 0;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -69,14 +71,22 @@ impl std::fmt::Debug for AmqpDriver {
     }
 }
 
-/// `amqp://host:port` with the default vhost `/` when the URL names none.
+/// `amqp://host:port` with the default vhost `/` when the URL names none, and heartbeats off
+/// ([`HEARTBEAT_S`]) when it sets none: with lapin 4.12 on tokio the broker saw no heartbeats
+/// from us and closed the connection after two intervals. A broker that goes away closes the
+/// socket, which the driver notices at once; `?heartbeat=<s>` in the URL turns them on.
 fn with_vhost(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    if rest.contains('/') {
+    let mut url = if rest.contains('/') {
         url.to_string()
     } else {
         format!("{url}/%2f")
+    };
+    if !url.contains("heartbeat=") {
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&format!("heartbeat={HEARTBEAT_S}"));
     }
+    url
 }
 
 impl AmqpDriver {
