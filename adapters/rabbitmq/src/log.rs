@@ -428,12 +428,18 @@ struct Appender {
     /// The read-back consumer ended: the next append makes a new appender.
     dead: Cell<bool>,
     failed: RefCell<Option<Error>>,
+    /// The read-back consumer's channel (0 until started).
+    channel: Cell<u64>,
 }
 
 impl Appender {
     /// The appender of `topic`, made when there is none.
     async fn of(topic: &str, stream: &str) -> Result<Rc<Appender>, Error> {
-        let existing = APPENDERS.with_borrow(|a| a.get(topic).cloned());
+        // One whose read-back consumer is gone (its channel closed with a lost connection)
+        // would never see the entries: make a new one before publishing.
+        let existing = APPENDERS
+            .with_borrow(|a| a.get(topic).cloned())
+            .filter(|a| !a.dead.get() && (!a.ready.is_set() || client::is_open(a.channel.get())));
         let appender = match existing {
             Some(appender) => appender,
             None => {
@@ -444,6 +450,7 @@ impl Appender {
                     read_back: Notify::new(),
                     dead: Cell::new(false),
                     failed: RefCell::new(None),
+                    channel: Cell::new(0),
                 });
                 APPENDERS.with_borrow_mut(|a| a.insert(topic.to_string(), appender.clone()));
                 if let Err(e) = appender.clone().start(stream).await {
@@ -487,6 +494,7 @@ impl Appender {
             }
         };
         *self.epoch.borrow_mut() = epoch;
+        self.channel.set(reading.channel);
         wit_bindgen::spawn_local(self.watch(reading));
         Ok(())
     }
