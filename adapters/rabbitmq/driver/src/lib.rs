@@ -11,6 +11,7 @@
 
 #![deny(missing_docs)]
 
+mod bench;
 mod bindings;
 mod channels;
 mod convert;
@@ -22,7 +23,7 @@ use std::time::Duration;
 pub use bindings::add_to_linker;
 use channels::Channels;
 
-use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent};
+use wrpc_broker_runtime::driver::{ConnectFuture, Driver, DriverInfo, Lent, NativeBenchFuture};
 use wrpc_broker_runtime::faults::SettlementRefusals;
 
 /// The WIT interface this driver provides.
@@ -75,7 +76,7 @@ impl std::fmt::Debug for AmqpDriver {
 /// ([`HEARTBEAT_S`]) when it sets none: with lapin 4.12 on tokio the broker saw no heartbeats
 /// from us and closed the connection after two intervals. A broker that goes away closes the
 /// socket, which the driver notices at once; `?heartbeat=<s>` in the URL turns them on.
-fn with_vhost(url: &str) -> String {
+pub(crate) fn with_vhost(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let mut url = if rest.contains('/') {
         url.to_string()
@@ -179,5 +180,9 @@ impl Driver for RabbitMq {
     fn refuse_settlements(&self, _connection: &Lent, queue: &str, count: u32) -> bool {
         AmqpDriver::refuse_settlements(queue, count);
         true
+    }
+
+    fn native_bench<'a>(&'a self, url: &'a str, _connection: &'a Lent) -> NativeBenchFuture<'a> {
+        Box::pin(async move { Ok(Some(Box::new(bench::Native::new(url).await?) as _)) })
     }
 }
