@@ -186,7 +186,8 @@ type Handle = (u64, u64);
 impl AmqpConsumer {
     /// Consume on a new channel (after a loss, the old one's deliveries were requeued).
     async fn connect(&self) -> Result<(), Error> {
-        if let Some(old) = self.live.borrow_mut().take() {
+        let old = self.live.borrow_mut().take();
+        if let Some(old) = old {
             old.inbox.close();
             client::close_channel(old.channel).await;
             self.held.taken.set(0);
@@ -299,7 +300,8 @@ impl queue::Broker for AmqpConsumer {
     }
 
     async fn finish(&self) {
-        if let Some(live) = self.live.borrow_mut().take() {
+        let live = self.live.borrow_mut().take();
+        if let Some(live) = live {
             let _ = client::cancel(live.channel, live.tag).await;
             live.inbox.close();
             client::close_channel(live.channel).await;
