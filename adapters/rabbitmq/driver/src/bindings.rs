@@ -71,7 +71,6 @@ where
             "the broker did not answer within {CALL_TIMEOUT:?}"
         ))),
     };
-    accessor.with(|mut access| access.get().progress());
     Ok(answer)
 }
 

@@ -22,24 +22,24 @@
 //! on the stream (from `last`, started before the first publish), which matches each entry's
 //! `message_id` to its offset.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::pin::pin;
 use std::rc::Rc;
 
-use futures::future::{Either, select};
 use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 
+mod append;
+
+use append::Appender;
 use crate::codec;
 use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::inbox::Inbox;
-use crate::wrpc::amqp::client::{self, Confirm, Delivery, FieldTable, FieldValue, QueueOptions};
+use crate::wrpc::amqp::client::{self, Delivery, FieldTable, FieldValue, QueueOptions};
 use crate::{Component, Config, channel, config};
-use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How long a reader of a non-empty stream waits for its first delivery, in milliseconds.
-const FIRST_WAIT_MS: u32 = 10_000;
+pub(super) const FIRST_WAIT_MS: u32 = 10_000;
 /// How long a reader from an offset that should be there waits for it (past the tip when it
 /// never comes).
 const PRESENT_WAIT_MS: u32 = 5_000;
@@ -47,8 +47,6 @@ const PRESENT_WAIT_MS: u32 = 5_000;
 const QUIET_MS: u32 = 60;
 /// The credit (`basic.qos`) of a stream reader.
 const READ_PREFETCH: u16 = 1_000;
-/// How long an append waits for its read-back.
-const READ_BACK_MS: u64 = 10_000;
 /// How many entries a tail writes at a time at most.
 const BATCH: usize = 256;
 
@@ -72,11 +70,11 @@ fn stream_arguments(config: &Config) -> FieldTable {
 
 thread_local! {
     /// The streams this instance declared.
-    static DECLARED: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
+    pub(super) static DECLARED: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
     /// The streams this instance knows have entries.
-    static NON_EMPTY: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
+    pub(super) static NON_EMPTY: RefCell<std::collections::HashSet<String>> = RefCell::new(Default::default());
     /// The appenders of the topics this instance appended to.
-    static APPENDERS: RefCell<HashMap<String, Rc<Appender>>> = RefCell::new(HashMap::new());
+    pub(super) static APPENDERS: RefCell<HashMap<String, Rc<Appender>>> = RefCell::new(HashMap::new());
 }
 
 /// The stream of `topic`, declared (once per instance).
@@ -101,7 +99,7 @@ async fn stream(config: &Config, topic: &str) -> Result<String, Error> {
 
 /// The marker queue of `stream`: a message there means the stream has (or is about to have)
 /// entries.
-fn marker(stream: &str) -> String {
+pub(super) fn marker(stream: &str) -> String {
     format!("{stream}.nonempty")
 }
 
@@ -121,7 +119,7 @@ async fn markers(stream: &str) -> Result<u32, Error> {
 }
 
 /// Whether `stream` has entries (or an appender is about to write its first).
-async fn non_empty(stream: &str) -> Result<bool, Error> {
+pub(super) async fn non_empty(stream: &str) -> Result<bool, Error> {
     if NON_EMPTY.with_borrow(|n| n.contains(stream)) {
         return Ok(true);
     }
@@ -154,14 +152,14 @@ fn parse(id: &str) -> Result<(&str, u64), Error> {
 }
 
 /// A delivery's stream offset.
-fn offset(d: &Delivery) -> u64 {
+pub(super) fn offset(d: &Delivery) -> u64 {
     codec::number(&d.properties.headers, codec::STREAM_OFFSET)
         .and_then(|n| u64::try_from(n).ok())
         .unwrap_or(0)
 }
 
 /// A delivery's epoch (`none` for an entry another client wrote).
-fn epoch(d: &Delivery) -> String {
+pub(super) fn epoch(d: &Delivery) -> String {
     codec::text(&d.properties.headers, codec::EPOCH)
         .filter(|e| is_epoch(e))
         .unwrap_or_else(|| "none".to_string())
@@ -184,15 +182,15 @@ fn entry(d: Delivery) -> Entry {
 }
 
 /// A consumer on a stream, on a channel of its own.
-struct Reading {
-    channel: u64,
-    inbox: Rc<Inbox>,
+pub(super) struct Reading {
+    pub(super) channel: u64,
+    pub(super) inbox: Rc<Inbox>,
 }
 
 impl Reading {
     /// Read `stream` from `offset` (`first`, `last`, `next` or a number); while the stream is
     /// not back yet after a restart, tried again for up to [`channel::UNREACHABLE_MS`].
-    async fn start(stream: &str, offset: FieldValue) -> Result<Reading, Error> {
+    pub(super) async fn start(stream: &str, offset: FieldValue) -> Result<Reading, Error> {
         let deadline = host::now_ms() + channel::UNREACHABLE_MS;
         loop {
             let ch = channel::open(READ_PREFETCH).await?;
@@ -216,7 +214,7 @@ impl Reading {
     }
 
     /// Stop reading.
-    async fn close(self) {
+    pub(super) async fn close(self) {
         self.inbox.close();
         client::close_channel(self.channel).await;
     }
@@ -414,231 +412,4 @@ async fn follow(
     }
     drop(to);
     reading.close().await;
-}
-
-/// One topic's appender on this instance: the epoch, and the read-back consumer that tells
-/// each appended entry's offset.
-struct Appender {
-    epoch: RefCell<String>,
-    /// Set once the epoch is known (the creator learns it; concurrent appends wait).
-    ready: Latch,
-    /// The message ids of appends in flight, and the offset once read back.
-    pending: RefCell<HashMap<String, Option<u64>>>,
-    read_back: Notify,
-    /// The read-back consumer ended: the next append makes a new appender.
-    dead: Cell<bool>,
-    failed: RefCell<Option<Error>>,
-    /// The read-back consumer's channel (0 until started).
-    channel: Cell<u64>,
-}
-
-impl Appender {
-    /// The appender of `topic`, made when there is none.
-    async fn of(topic: &str, stream: &str) -> Result<Rc<Appender>, Error> {
-        // One whose read-back consumer is gone (its channel closed with a lost connection)
-        // would never see the entries: make a new one before publishing.
-        let existing = APPENDERS
-            .with_borrow(|a| a.get(topic).cloned())
-            .filter(|a| !a.dead.get() && (!a.ready.is_set() || client::is_open(a.channel.get())));
-        let appender = match existing {
-            Some(appender) => appender,
-            None => {
-                let appender = Rc::new(Appender {
-                    epoch: RefCell::new(String::new()),
-                    ready: Latch::new(),
-                    pending: RefCell::new(HashMap::new()),
-                    read_back: Notify::new(),
-                    dead: Cell::new(false),
-                    failed: RefCell::new(None),
-                    channel: Cell::new(0),
-                });
-                APPENDERS.with_borrow_mut(|a| a.insert(topic.to_string(), appender.clone()));
-                if let Err(e) = appender.clone().start(stream).await {
-                    appender.dead.set(true);
-                    *appender.failed.borrow_mut() = Some(e);
-                    APPENDERS.with_borrow_mut(|a| a.remove(topic));
-                }
-                appender.ready.set();
-                appender
-            }
-        };
-        appender.ready.wait().await;
-        let failed = appender.failed.borrow().clone();
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(appender),
-        }
-    }
-
-    /// Start the read-back consumer (from the last chunk, which tells the epoch). On a stream
-    /// nothing was appended to, mint the epoch and put the marker first.
-    async fn start(self: Rc<Self>, stream: &str) -> Result<(), Error> {
-        let reading = Reading::start(stream, FieldValue::Text("last".into())).await?;
-        let last = match non_empty(stream).await {
-            Ok(true) => reading.inbox.next(FIRST_WAIT_MS).await,
-            Ok(false) => None,
-            Err(e) => {
-                reading.close().await;
-                return Err(e);
-            }
-        };
-        let epoch = match last {
-            Some(d) => epoch(&d),
-            None => {
-                let epoch = host::generate_id();
-                if let Err(e) = Self::mark(stream, &epoch).await {
-                    reading.close().await;
-                    return Err(e);
-                }
-                epoch
-            }
-        };
-        *self.epoch.borrow_mut() = epoch;
-        self.channel.set(reading.channel);
-        wit_bindgen::spawn_local(self.watch(reading));
-        Ok(())
-    }
-
-    /// Put the marker of `stream` (its body the epoch), confirmed, before its first entry.
-    async fn mark(stream: &str, epoch: &str) -> Result<(), Error> {
-        let name = marker(stream);
-        let properties = codec::persistent(Vec::new());
-        let confirm = channel::shared()
-            .call(|ch| {
-                client::publish(
-                    ch,
-                    String::new(),
-                    name.clone(),
-                    true,
-                    properties.clone(),
-                    epoch.as_bytes().to_vec(),
-                )
-            })
-            .await?;
-        match confirm {
-            Confirm::Ack => {
-                NON_EMPTY.with_borrow_mut(|n| n.insert(stream.to_string()));
-                Ok(())
-            }
-            _ => Err(Error::unavailable(format!(
-                "the marker of {stream} was not taken"
-            ))),
-        }
-    }
-
-    /// Note the offset of each pending append the read-back consumer sees.
-    async fn watch(self: Rc<Self>, reading: Reading) {
-        while !reading.inbox.is_done() {
-            reading.inbox.wait(1_000, None).await;
-            let mut pending = self.pending.borrow_mut();
-            for d in reading.inbox.take(usize::MAX) {
-                if let Some(slot) = d
-                    .properties
-                    .message_id
-                    .as_ref()
-                    .and_then(|id| pending.get_mut(id))
-                {
-                    *slot = Some(offset(&d));
-                }
-            }
-            drop(pending);
-            self.read_back.notify();
-        }
-        self.dead.set(true);
-        self.read_back.notify();
-        reading.close().await;
-    }
-
-    /// Publish `batch` in order, confirmed, then wait for the offset of each.
-    async fn append(&self, stream: &str, batch: Vec<RecordIn>) -> Result<Vec<String>, Error> {
-        let epoch = self.epoch.borrow().clone();
-        let mut ids = Vec::with_capacity(batch.len());
-        let result = self.publish_all(stream, &epoch, batch, &mut ids).await;
-        let offsets = match result {
-            Ok(()) => self.offsets(&ids).await,
-            Err(e) => Err(e),
-        };
-        let mut pending = self.pending.borrow_mut();
-        for id in &ids {
-            pending.remove(id);
-        }
-        Ok(offsets?
-            .into_iter()
-            .map(|o| format!("{epoch}:{o}"))
-            .collect())
-    }
-
-    async fn publish_all(
-        &self,
-        stream: &str,
-        epoch: &str,
-        batch: Vec<RecordIn>,
-        ids: &mut Vec<String>,
-    ) -> Result<(), Error> {
-        for record in batch {
-            let id = host::generate_id();
-            self.pending.borrow_mut().insert(id.clone(), None);
-            ids.push(id.clone());
-            let mut headers = vec![codec::text_field(codec::EPOCH, epoch)];
-            if let Some(key) = record.key {
-                headers.push((codec::KEY.to_string(), FieldValue::Bytes(key)));
-            }
-            codec::pack(&mut headers, &record.headers);
-            let mut properties = codec::persistent(headers);
-            properties.message_id = Some(id);
-            let confirm = channel::shared()
-                .call(|ch| {
-                    client::publish(
-                        ch,
-                        String::new(),
-                        stream.to_string(),
-                        true,
-                        properties.clone(),
-                        record.value.clone(),
-                    )
-                })
-                .await?;
-            match confirm {
-                Confirm::Ack => {}
-                Confirm::Nack => {
-                    return Err(Error::refused(format!(
-                        "the broker refused an entry of {stream}"
-                    )));
-                }
-                Confirm::Returned(why) => {
-                    DECLARED.with_borrow_mut(|d| d.remove(stream));
-                    return Err(Error::unavailable(format!(
-                        "{stream} is gone ({} {})",
-                        why.code, why.text
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The offsets of `ids`, once the read-back consumer saw them all.
-    async fn offsets(&self, ids: &[String]) -> Result<Vec<u64>, Error> {
-        let deadline = host::now_ms() + READ_BACK_MS;
-        loop {
-            let seen: Option<Vec<u64>> = {
-                let pending = self.pending.borrow();
-                ids.iter()
-                    .map(|id| pending.get(id).copied().flatten())
-                    .collect()
-            };
-            if let Some(offsets) = seen {
-                return Ok(offsets);
-            }
-            if self.dead.get() || host::now_ms() > deadline {
-                return Err(Error::unavailable(
-                    "the appended entries were not read back (the stream consumer ended)",
-                ));
-            }
-            let woken = pin!(self.read_back.notified());
-            if let Either::Right(_) = select(woken, pin!(host::sleep(500))).await {
-                continue;
-            }
-        }
-    }
 }
