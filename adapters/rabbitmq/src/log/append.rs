@@ -10,11 +10,13 @@ use std::rc::Rc;
 
 use futures::future::{Either, select};
 
-use super::{APPENDERS, DECLARED, FIRST_WAIT_MS, NON_EMPTY, Reading, epoch, marker, non_empty, offset};
+use super::{
+    APPENDERS, DECLARED, FIRST_WAIT_MS, NON_EMPTY, Reading, epoch, marker, non_empty, offset,
+};
+use crate::channel;
 use crate::codec;
 use crate::exports::wrpc::broker::log::RecordIn;
 use crate::wrpc::amqp::client::{self, Confirm, FieldValue};
-use crate::channel;
 use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, host};
 
@@ -155,7 +157,11 @@ impl Appender {
     }
 
     /// Publish `batch` in order, confirmed, then wait for the offset of each.
-    pub(super) async fn append(&self, stream: &str, batch: Vec<RecordIn>) -> Result<Vec<String>, Error> {
+    pub(super) async fn append(
+        &self,
+        stream: &str,
+        batch: Vec<RecordIn>,
+    ) -> Result<Vec<String>, Error> {
         let epoch = self.epoch.borrow().clone();
         let mut ids = Vec::with_capacity(batch.len());
         let result = self.publish_all(stream, &epoch, batch, &mut ids).await;

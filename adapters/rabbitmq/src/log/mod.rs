@@ -30,12 +30,12 @@ use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 
 mod append;
 
-use append::Appender;
 use crate::codec;
 use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::inbox::Inbox;
 use crate::wrpc::amqp::client::{self, Delivery, FieldTable, FieldValue, QueueOptions};
 use crate::{Component, Config, channel, config};
+use append::Appender;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How long a reader of a non-empty stream waits for its first delivery, in milliseconds.
