@@ -17,3 +17,24 @@ pub fn prefixed(prefix: &str) -> String {
 pub fn encode_token(name: &str, safe: &str, escape: char, max_len: u32) -> Result<String, Error> {
     host::encode_token(name, safe, &escape.to_string(), max_len)
 }
+
+/// Whether `text` is a valid log epoch: `[A-Za-z0-9_-]+`.
+pub fn is_epoch(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Split a log id `{epoch}:{n}`, `n` a canonical decimal (`0`, or no leading zero); anything
+/// else is a bad request saying it expected `epoch:{part}`.
+pub fn parse_log_id<'a>(id: &'a str, part: &str) -> Result<(&'a str, u64), Error> {
+    let malformed = || Error::bad_request(format!("malformed id `{id}`: expected `epoch:{part}`"));
+    let (epoch, n) = id.rsplit_once(':').ok_or_else(malformed)?;
+    let canonical =
+        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    if !is_epoch(epoch) || !canonical {
+        return Err(malformed());
+    }
+    Ok((epoch, n.parse().map_err(|_| malformed())?))
+}

@@ -10,13 +10,7 @@ use wit_bindgen::StreamReader;
 use wrpc_broker_guest::relay;
 use wrpc_broker_guest::{Error, Position, Start};
 
-/// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
-pub(crate) fn is_epoch(text: &str) -> bool {
-    !text.is_empty()
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
+pub(crate) use wrpc_broker_guest::ids::is_epoch;
 
 /// Split an id `{epoch}:{offset}` into its parts; anything else is a bad request.
 fn parse(id: &str) -> Result<(&str, u64), Error> {

@@ -30,6 +30,7 @@ use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::js::{self, Fail};
 use crate::wrpc::nats::client::{self, Message};
 use crate::{Component, Config, config};
+use wrpc_broker_guest::ids::{self, is_epoch};
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How many direct gets a page has in flight at once.
@@ -55,29 +56,14 @@ thread_local! {
     static EPOCHS: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
 }
 
-/// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
-fn is_epoch(text: &str) -> bool {
-    !text.is_empty()
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// Split an id `{epoch}:{seq}` (seq a canonical number ≥ 1); anything else is a bad request.
 fn parse(id: &str) -> Result<(&str, u64), Error> {
-    let malformed = || Error::bad_request(format!("malformed id `{id}`: expected `epoch:seq`"));
-    let (epoch, seq) = id.rsplit_once(':').ok_or_else(malformed)?;
-    let canonical = !seq.is_empty()
-        && seq.bytes().all(|b| b.is_ascii_digit())
-        && (seq == "0" || !seq.starts_with('0'));
-    if !is_epoch(epoch) || !canonical {
-        return Err(malformed());
+    match ids::parse_log_id(id, "seq")? {
+        (_, 0) => Err(Error::bad_request(format!(
+            "malformed id `{id}`: expected `epoch:seq`"
+        ))),
+        parsed => Ok(parsed),
     }
-    let seq: u64 = seq.parse().map_err(|_| malformed())?;
-    if seq == 0 {
-        return Err(malformed());
-    }
-    Ok((epoch, seq))
 }
 
 /// The stream description that carries the epoch.

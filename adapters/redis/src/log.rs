@@ -27,6 +27,7 @@ use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::{Component, Config, Reply, args, blocking, config, eval, headers_field, patiently};
 use futures::future::{Either, select};
 use wit_bindgen::{StreamReader, StreamWriter};
+use wrpc_broker_guest::ids;
 use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, Position, Start};
 
@@ -74,26 +75,14 @@ const BLOCK_MS: u32 = 2000;
 /// Entries a tail buffers for its stream before it ends (the host then reads pages).
 const TAIL_BUFFER: usize = 8192;
 
-/// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
-fn is_epoch(text: &str) -> bool {
-    !text.is_empty()
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// Split an id `<epoch>:<n>` (n a canonical decimal ≥ 1); anything else is a bad request.
 fn parse(id: &str) -> Result<(&str, u64), Error> {
-    let malformed = || Error::bad_request(format!("malformed id `{id}`: expected `epoch:n`"));
-    let (epoch, n) = id.rsplit_once(':').ok_or_else(malformed)?;
-    if !is_epoch(epoch)
-        || n.is_empty()
-        || !n.bytes().all(|b| b.is_ascii_digit())
-        || n.starts_with('0')
-    {
-        return Err(malformed());
+    match ids::parse_log_id(id, "n")? {
+        (_, 0) => Err(Error::bad_request(format!(
+            "malformed id `{id}`: expected `epoch:n`"
+        ))),
+        parsed => Ok(parsed),
     }
-    Ok((epoch, n.parse().map_err(|_| malformed())?))
 }
 
 /// The sequence of a stream id `0-<n>`.

@@ -36,6 +36,7 @@ use crate::inbox::Inbox;
 use crate::wrpc::amqp::client::{self, Delivery, FieldTable, FieldValue, QueueOptions};
 use crate::{Component, Config, channel, config};
 use append::Appender;
+use wrpc_broker_guest::ids::{self, is_epoch};
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How long a reader of a non-empty stream waits for its first delivery, in milliseconds.
@@ -130,25 +131,9 @@ pub(super) async fn non_empty(stream: &str) -> Result<bool, Error> {
     Ok(found)
 }
 
-/// Whether `text` is a valid epoch: `[A-Za-z0-9_-]+`.
-fn is_epoch(text: &str) -> bool {
-    !text.is_empty()
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// Split an id `{epoch}:{offset}` (a canonical number); anything else is a bad request.
 fn parse(id: &str) -> Result<(&str, u64), Error> {
-    let malformed = || Error::bad_request(format!("malformed id `{id}`: expected `epoch:offset`"));
-    let (epoch, offset) = id.rsplit_once(':').ok_or_else(malformed)?;
-    let canonical = !offset.is_empty()
-        && offset.bytes().all(|b| b.is_ascii_digit())
-        && (offset == "0" || !offset.starts_with('0'));
-    if !is_epoch(epoch) || !canonical {
-        return Err(malformed());
-    }
-    Ok((epoch, offset.parse().map_err(|_| malformed())?))
+    ids::parse_log_id(id, "offset")
 }
 
 /// A delivery's stream offset.
