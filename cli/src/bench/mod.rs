@@ -19,8 +19,8 @@ use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceO
 use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach, timed,
-    unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round, joined,
+    timed, unique,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -344,12 +344,13 @@ async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
             setup.work.payload.clone(),
         );
         async move {
-            let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
-            for _ in 0..FAN_OUT_PAYLOADS {
-                backplane.publish(&channel, payload.clone()).await?;
-            }
-            reach(&received, target, Duration::from_secs(10)).await;
-            Ok(FAN_OUT_PAYLOADS * subscribers as u64)
+            fan_out_round(&received, subscribers, async {
+                for _ in 0..FAN_OUT_PAYLOADS {
+                    backplane.publish(&channel, payload.clone()).await?;
+                }
+                Ok(())
+            })
+            .await
         }
     })
     .await;

@@ -5,7 +5,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
 
 /// The work of one half-round, the same on both sides.
 #[derive(Debug, Clone)]
@@ -164,10 +168,87 @@ pub async fn joined(
 }
 
 /// Wait until `count` reaches `target`, or `patience` has passed (what a fan-out round waits for
-/// its deliveries), looking every 200 µs.
-pub async fn reach(count: &std::sync::atomic::AtomicU64, target: u64, patience: Duration) {
+/// its deliveries), looking every 200 µs; the count then.
+pub async fn reach(count: &AtomicU64, target: u64, patience: Duration) -> u64 {
     let waited = Instant::now();
-    while count.load(std::sync::atomic::Ordering::Relaxed) < target && waited.elapsed() < patience {
+    loop {
+        let now = count.load(Ordering::Relaxed);
+        if now >= target || waited.elapsed() >= patience {
+            return now;
+        }
         tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+/// One fan-out round: `publish` sends [`FAN_OUT_PAYLOADS`] payloads, then the round waits (10 s
+/// at most) for `received` to grow by one per payload and subscriber; the deliveries that came
+/// (what was lost, as at-most-once allows, is not counted).
+pub async fn fan_out_round<Fut>(
+    received: &AtomicU64,
+    subscribers: usize,
+    publish: Fut,
+) -> anyhow::Result<u64>
+where
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let before = received.load(Ordering::Relaxed);
+    publish.await?;
+    let target = before + FAN_OUT_PAYLOADS * subscribers as u64;
+    Ok(reach(received, target, Duration::from_secs(10)).await - before)
+}
+
+/// Local fan-out as the host does it: what one broker subscription receives, handed to
+/// `subscribers` local receivers through one broadcast channel, each counting its deliveries in
+/// [`LocalFanOut::received`]. The native side of a many-subscriber backplane row.
+pub struct LocalFanOut<T> {
+    sender: broadcast::Sender<T>,
+    received: Arc<AtomicU64>,
+    receivers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<T: Clone + Send + 'static> LocalFanOut<T> {
+    /// `subscribers` receivers, each with the host's buffer of 4096 payloads.
+    pub fn new(subscribers: usize) -> Self {
+        let (sender, _) = broadcast::channel(4096);
+        let received = Arc::new(AtomicU64::new(0));
+        let receivers = (0..subscribers)
+            .map(|_| {
+                let (mut rx, received) = (sender.subscribe(), received.clone());
+                tokio::spawn(async move {
+                    loop {
+                        match rx.recv().await {
+                            Ok(_) => {
+                                received.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(broadcast::error::RecvError::Closed) => break,
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            sender,
+            received,
+            receivers,
+        }
+    }
+
+    /// Hand `payload` to every receiver.
+    pub fn deliver(&self, payload: T) {
+        let _ = self.sender.send(payload);
+    }
+
+    /// Deliveries so far, over all receivers.
+    pub fn received(&self) -> &Arc<AtomicU64> {
+        &self.received
+    }
+}
+
+impl<T> Drop for LocalFanOut<T> {
+    fn drop(&mut self) {
+        for receiver in &self.receivers {
+            receiver.abort();
+        }
     }
 }

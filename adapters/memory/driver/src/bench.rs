@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach, timed,
-    unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round, joined,
+    timed, unique,
 };
 
 /// The memory store, used natively.
@@ -198,13 +198,13 @@ impl Native {
                 work.payload.clone(),
             );
             async move {
-                let target =
-                    received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS * subscribers as u64;
-                for _ in 0..FAN_OUT_PAYLOADS {
-                    store.channel_publish(&channel, vec![payload.clone()]);
-                }
-                reach(&received, target, Duration::from_secs(10)).await;
-                Ok(FAN_OUT_PAYLOADS * subscribers as u64)
+                fan_out_round(&received, subscribers, async {
+                    for _ in 0..FAN_OUT_PAYLOADS {
+                        store.channel_publish(&channel, vec![payload.clone()]);
+                    }
+                    Ok(())
+                })
+                .await
             }
         })
         .await?;

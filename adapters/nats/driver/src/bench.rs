@@ -1,19 +1,24 @@
 //! The native side for NATS: what the NATS adapter sends, sent directly with `async-nats`:
 //! JetStream publishes acknowledged by the server for the log, a work-queue stream with a pull
 //! consumer (`$JS.API.CONSUMER.MSG.NEXT`, `+ACK` awaited) for the queue, core request/reply for
-//! direct, and core PUB/SUB for the backplane.
+//! direct, and core PUB/SUB for the backplane. Log reads as the adapter's: pages of stream info
+//! plus pipelined direct gets for a catch-up, an ephemeral push consumer for a live tail.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 
 use wrpc_broker_runtime::bench::{
-    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined, reach,
-    timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
+    fan_out_round, joined, timed, unique,
 };
+
+/// The host's page size for a catch-up read (`host/src/log`).
+const PAGE: u64 = 256;
+/// Direct gets a page of the adapter has in flight at once (`adapters/nats/src/log.rs`).
+const GETS_IN_FLIGHT: u64 = 64;
 
 /// A client of the NATS server the broker uses.
 pub struct Native {
@@ -40,10 +45,13 @@ impl Native {
         Ok(())
     }
 
+    /// A file stream `name` on subject `{name}.in`; a `limits` one (a log) allows direct gets,
+    /// as the adapter's log streams do.
     async fn create_stream(&self, name: &str, retention: &str) -> anyhow::Result<()> {
+        let direct = retention == "limits";
         self.api(
             format!("$JS.API.STREAM.CREATE.{name}"),
-            format!(r#"{{"name":"{name}","subjects":["{name}.in"],"retention":"{retention}","max_msgs":10000,"storage":"file"}}"#),
+            format!(r#"{{"name":"{name}","subjects":["{name}.in"],"retention":"{retention}","max_msgs":10000,"storage":"file","allow_direct":{direct}}}"#),
         )
         .await
     }
@@ -77,6 +85,107 @@ impl Native {
             })
         });
         let sample = joined(started, workers).await?;
+        self.delete_stream(&name).await?;
+        Ok(sample)
+    }
+
+    /// Fill a log stream with [`CATCH_UP`] entries, pipelined as the adapter's batch appends.
+    async fn filled(&self, name: &str, work: &Workload) -> anyhow::Result<()> {
+        self.create_stream(name, "limits").await?;
+        for _ in 0..CATCH_UP / 250 {
+            let appends = (0..250).map(|_| {
+                self.client
+                    .request(format!("{name}.in"), work.payload.clone().into())
+            });
+            for result in futures::future::join_all(appends).await {
+                let ack = result?;
+                let text = String::from_utf8_lossy(&ack.payload);
+                ensure!(!text.contains("\"error\""), "append to {name}: {text}");
+            }
+        }
+        Ok(())
+    }
+
+    /// What the adapter's `range` sends for a page of [`PAGE`] from `first`: the stream's info,
+    /// then one direct get per sequence, [`GETS_IN_FLIGHT`] at a time.
+    async fn page(&self, name: &str, first: u64) -> anyhow::Result<u64> {
+        self.api(format!("$JS.API.STREAM.INFO.{name}"), String::new())
+            .await?;
+        let subject = format!("$JS.API.DIRECT.GET.{name}");
+        let end = first + PAGE;
+        let mut seq = first;
+        while seq < end {
+            let last = (seq + GETS_IN_FLIGHT).min(end);
+            let gets = (seq..last).map(|s| {
+                self.client
+                    .request(subject.clone(), format!(r#"{{"seq":{s}}}"#).into())
+            });
+            for (at, got) in (seq..).zip(futures::future::join_all(gets).await) {
+                let message = got?;
+                if let Some(status) = message.status {
+                    // Past the last sequence (404): the page is short.
+                    ensure!(
+                        status.as_u16() == 404,
+                        "direct get: {status} {:?}",
+                        message.description
+                    );
+                    return Ok(at - first);
+                }
+            }
+            seq = last;
+        }
+        Ok(PAGE)
+    }
+
+    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = stream_name("native_catchup");
+        self.filled(&name, work).await?;
+        let sample = timed(work.slice, || async {
+            let mut read = 0;
+            while read < CATCH_UP as u64 {
+                let got = self.page(&name, read + 1).await?;
+                ensure!(got > 0, "{name}: {read} entries, {CATCH_UP} appended");
+                read += got;
+            }
+            Ok(read)
+        })
+        .await;
+        self.delete_stream(&name).await?;
+        sample
+    }
+
+    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
+        // The adapter's tail: an ephemeral push consumer (ack none, memory state) on an inbox.
+        let name = stream_name("native_live");
+        self.create_stream(&name, "limits").await?;
+        let inbox = self.client.new_inbox();
+        let mut deliveries = self.client.subscribe(inbox.clone()).await?;
+        self.api(
+            format!("$JS.API.CONSUMER.CREATE.{name}"),
+            format!(r#"{{"stream_name":"{name}","config":{{"deliver_policy":"new","ack_policy":"none","deliver_subject":"{inbox}","idle_heartbeat":1000000000,"mem_storage":true,"num_replicas":1}}}}"#),
+        )
+        .await?;
+        let mut sample = Sample::default();
+        let started = Instant::now();
+        while started.elapsed() < work.slice {
+            let t = Instant::now();
+            self.client
+                .request(format!("{name}.in"), work.payload.clone().into())
+                .await?;
+            loop {
+                let next = tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await;
+                let message = next
+                    .context("no delivery within 10 s")?
+                    .context("the tail ended")?;
+                // Idle heartbeats carry a status; entries do not.
+                if message.status.is_none() {
+                    break;
+                }
+            }
+            sample.latencies.push(t.elapsed());
+            sample.ops += 1;
+        }
+        sample.elapsed = started.elapsed();
         self.delete_stream(&name).await?;
         Ok(sample)
     }
@@ -164,62 +273,46 @@ impl Native {
         sample
     }
 
-    pub async fn fan_out(
-        &self,
-        work: &Workload,
-        subscribers: usize,
-    ) -> anyhow::Result<Option<Sample>> {
-        // One subscription per subscriber, as a plain client would; the 1000-subscriber row has
-        // no native side.
-        if subscribers != 1 {
-            return Ok(None);
-        }
+    pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
+        // One core subscription for the subject, shared by every local subscriber, as the host.
         let subject = stream_name("native_room");
         let mut subscription = self.client.subscribe(subject.clone()).await?;
-        let received = Arc::new(AtomicU64::new(0));
-        let counting = {
-            let received = received.clone();
+        let fan = Arc::new(LocalFanOut::new(subscribers));
+        let listening = {
+            let fan = fan.clone();
             tokio::spawn(async move {
-                while subscription.next().await.is_some() {
-                    received.fetch_add(1, Ordering::Relaxed);
+                while let Some(message) = subscription.next().await {
+                    fan.deliver(message.payload);
                 }
             })
         };
         self.client.flush().await?;
-        let mut sample = timed(work.slice, || {
-            let (client, subject, payload, received) = (
-                self.client.clone(),
-                subject.clone(),
-                work.payload.clone(),
-                received.clone(),
-            );
-            async move {
-                let target = received.load(Ordering::Relaxed) + FAN_OUT_PAYLOADS;
+        let mut sample = timed(work.slice, || async {
+            fan_out_round(fan.received(), subscribers, async {
                 for _ in 0..FAN_OUT_PAYLOADS {
-                    client
-                        .publish(subject.clone(), payload.clone().into())
+                    self.client
+                        .publish(subject.clone(), work.payload.clone().into())
                         .await?;
                 }
-                client.flush().await?;
-                reach(&received, target, Duration::from_secs(10)).await;
-                Ok(FAN_OUT_PAYLOADS)
-            }
+                self.client.flush().await?;
+                Ok(())
+            })
+            .await
         })
         .await?;
-        counting.abort();
+        listening.abort();
         sample.latencies.clear();
-        Ok(Some(sample))
+        Ok(sample)
     }
 }
 
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_catch_up(),
+        log_live(),
         queue_round_trip(prefetch: u32),
         request_reply(),
+        fan_out(subscribers: usize),
     );
-
-    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
-        Box::pin(Native::fan_out(self, work, subscribers))
-    }
 }

@@ -3,8 +3,9 @@
 //! publishes to a quorum queue and a manual-ack consumer at `basic.qos(prefetch)` for the
 //! queue; a mandatory, confirmed publish to a direct exchange with `reply_to` and an echoing
 //! responder for direct; confirmed publishes to a direct exchange and a bound exclusive queue
-//! for the backplane. (The adapter's appends also wait for their read-back consumer to tell the
-//! offset, which a plain client that needs no ids skips.)
+//! for the backplane; log reads as the adapter's: a stream consumer (`x-stream-offset`, credit
+//! 1000) per catch-up page, one for a live tail. (The adapter's appends also wait for their
+//! read-back consumer to tell the offset, which a plain client that needs no ids skips.)
 
 use std::time::{Duration, Instant};
 
@@ -19,8 +20,14 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 
 use wrpc_broker_runtime::bench::{
-    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
+    fan_out_round, timed, unique,
 };
+
+/// The host's page size for a catch-up read (`host/src/log`).
+const PAGE: u64 = 256;
+/// The credit of the adapter's stream readers (`adapters/rabbitmq/src/log`).
+const READ_PREFETCH: u16 = 1_000;
 
 /// A client of the RabbitMQ node the broker uses.
 pub struct Native {
@@ -118,6 +125,124 @@ impl Native {
         }
         sample.elapsed = started.elapsed();
         setup
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        Ok(sample)
+    }
+
+    /// Fill stream `name` with [`CATCH_UP`] entries, 250 confirmed publishes in flight.
+    async fn fill(&self, channel: &Channel, name: &str, work: &Workload) -> anyhow::Result<()> {
+        for _ in 0..CATCH_UP / 250 {
+            let mut confirms = Vec::new();
+            for _ in 0..250 {
+                let properties = BasicProperties::default()
+                    .with_message_id(uuid_like().into())
+                    .with_delivery_mode(2);
+                let options = BasicPublishOptions::default();
+                confirms.push(
+                    channel
+                        .basic_publish("".into(), name.into(), options, &work.payload, properties)
+                        .await?,
+                );
+            }
+            for confirm in futures::future::join_all(confirms).await {
+                ensure!(
+                    matches!(confirm?, Confirmation::Ack(None)),
+                    "{name}: not taken"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A consumer of stream `name` from `offset` (`x-stream-offset`) on a channel of its own
+    /// with the adapter's credit, as the adapter's readers.
+    async fn reader(
+        &self,
+        name: &str,
+        offset: AMQPValue,
+    ) -> anyhow::Result<(Channel, lapin::Consumer)> {
+        let channel = self.connection.create_channel().await?;
+        channel
+            .basic_qos(READ_PREFETCH, BasicQosOptions::default())
+            .await?;
+        let mut args = FieldTable::default();
+        args.insert("x-stream-offset".into(), offset);
+        let consumer = channel
+            .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), args)
+            .await?;
+        Ok((channel, consumer))
+    }
+
+    /// Take `count` deliveries from `consumer`, acknowledging them at the end (the broker's
+    /// credit only, as the adapter's readers do).
+    async fn take(consumer: &mut lapin::Consumer, count: u64) -> anyhow::Result<()> {
+        let mut last = None;
+        for _ in 0..count {
+            let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
+            let delivery = next
+                .context("no delivery within 10 s")?
+                .context("the consumer ended")??;
+            last = Some(delivery);
+        }
+        if let Some(delivery) = last {
+            delivery.ack(BasicAckOptions { multiple: true }).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = unique("native-catchup");
+        let setup = self.confirming().await?;
+        self.declare(&setup, &name, "stream").await?;
+        self.fill(&setup, &name, work).await?;
+        // What the adapter's `range` does for each page the host asks: a consumer from the
+        // page's first offset (from the entry the page's `after` id names, to check it), its
+        // page taken, the channel closed.
+        let sample = timed(work.slice, || async {
+            let mut read = 0u64;
+            while read < CATCH_UP as u64 {
+                let (offset, check) = match read {
+                    0 => (AMQPValue::LongString("first".into()), 0),
+                    n => (AMQPValue::LongLongInt(n as i64 - 1), 1),
+                };
+                let (channel, mut consumer) = self.reader(&name, offset).await?;
+                let page = PAGE.min(CATCH_UP as u64 - read);
+                Self::take(&mut consumer, page + check).await?;
+                channel.close(200, "page read".into()).await?;
+                read += page;
+            }
+            Ok(read)
+        })
+        .await;
+        setup
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        sample
+    }
+
+    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = unique("native-live");
+        let channel = self.confirming().await?;
+        self.declare(&channel, &name, "stream").await?;
+        let (reading, mut consumer) = self
+            .reader(&name, AMQPValue::LongString("next".into()))
+            .await?;
+        let mut sample = Sample::default();
+        let started = Instant::now();
+        while started.elapsed() < work.slice {
+            let t = Instant::now();
+            let properties = BasicProperties::default()
+                .with_message_id(uuid_like().into())
+                .with_delivery_mode(2);
+            publish(&channel, "", &name, &work.payload, properties).await?;
+            Self::take(&mut consumer, 1).await?;
+            sample.latencies.push(t.elapsed());
+            sample.ops += 1;
+        }
+        sample.elapsed = started.elapsed();
+        reading.close(200, "done".into()).await?;
+        channel
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
             .await?;
         Ok(sample)
@@ -264,44 +389,42 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn fan_out(
-        &self,
-        work: &Workload,
-        subscribers: usize,
-    ) -> anyhow::Result<Option<Sample>> {
-        // One queue per subscriber, as the adapter's subscriptions; the 1000-subscriber row has
-        // no native side.
-        if subscribers != 1 {
-            return Ok(None);
-        }
+    pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
+        // One bound queue for the room, shared by every local subscriber, as the host does.
         let channel = self.confirming().await?;
         let exchange = self.exchange(&channel, "native-bp").await?;
         let mut subscription = self.bound(&channel, &exchange, "room").await?;
-        let mut sample = Sample::default();
-        let started = Instant::now();
-        while started.elapsed() < work.slice {
-            for _ in 0..FAN_OUT_PAYLOADS {
-                channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        "room".into(),
-                        BasicPublishOptions::default(),
-                        &work.payload,
-                        BasicProperties::default(),
-                    )
-                    .await?
-                    .await?;
-            }
-            for _ in 0..FAN_OUT_PAYLOADS {
-                let next = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await;
-                next.context("no payload within 10 s")?
-                    .context("the subscription ended")??;
-            }
-            sample.ops += FAN_OUT_PAYLOADS;
-        }
-        sample.elapsed = started.elapsed();
+        let fan = std::sync::Arc::new(LocalFanOut::new(subscribers));
+        let listening = {
+            let fan = fan.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(delivery)) = subscription.next().await {
+                    fan.deliver(std::sync::Arc::new(delivery.data));
+                }
+            })
+        };
+        let mut sample = timed(work.slice, || async {
+            fan_out_round(fan.received(), subscribers, async {
+                for _ in 0..FAN_OUT_PAYLOADS {
+                    channel
+                        .basic_publish(
+                            exchange.as_str().into(),
+                            "room".into(),
+                            BasicPublishOptions::default(),
+                            &work.payload,
+                            BasicProperties::default(),
+                        )
+                        .await?
+                        .await?;
+                }
+                Ok(())
+            })
+            .await
+        })
+        .await?;
+        listening.abort();
         sample.latencies.clear();
-        Ok(Some(sample))
+        Ok(sample)
     }
 }
 
@@ -313,11 +436,10 @@ fn uuid_like() -> String {
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_catch_up(),
+        log_live(),
         queue_round_trip(prefetch: u32),
         request_reply(),
+        fan_out(subscribers: usize),
     );
-
-    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
-        Box::pin(Native::fan_out(self, work, subscribers))
-    }
 }

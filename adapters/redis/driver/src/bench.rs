@@ -11,8 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
 use wrpc_broker_runtime::bench::{
-    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
-    reach, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
+    fan_out_round, joined, timed, unique,
 };
 
 /// A client of the Redis server the broker uses.
@@ -226,50 +226,43 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn fan_out(
-        &self,
-        work: &Workload,
-        subscribers: usize,
-    ) -> anyhow::Result<Option<Sample>> {
-        // One connection per subscriber, as a naive client would; 1000 connections are not fair
-        // to the server here, so only the single-subscriber row has a native side.
-        if subscribers != 1 {
-            return Ok(None);
-        }
+    pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
+        // One SUBSCRIBE for the channel, shared by every local subscriber, as the host does.
         let channel = unique("native-room");
         let mut pubsub = self.client.get_async_pubsub().await?;
         pubsub.subscribe(&channel).await?;
-        let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let fan = std::sync::Arc::new(LocalFanOut::new(subscribers));
         let listening = {
-            let received = received.clone();
+            let fan = fan.clone();
             tokio::spawn(async move {
                 let mut messages = pubsub.on_message();
-                while messages.next().await.is_some() {
-                    received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                while let Some(message) = messages.next().await {
+                    fan.deliver(std::sync::Arc::new(message.get_payload_bytes().to_vec()));
                 }
             })
         };
         let connection = self.connection().await?;
         let mut sample = timed(work.slice, || {
-            let (mut connection, channel, payload, received) = (
+            let (mut connection, channel, payload, fan) = (
                 connection.clone(),
                 channel.clone(),
                 work.payload.clone(),
-                received.clone(),
+                fan.clone(),
             );
             async move {
-                let target = received.load(std::sync::atomic::Ordering::Relaxed) + FAN_OUT_PAYLOADS;
-                for _ in 0..FAN_OUT_PAYLOADS {
-                    let _: u64 = connection.publish(&channel, &payload).await?;
-                }
-                reach(&received, target, Duration::from_secs(10)).await;
-                Ok(FAN_OUT_PAYLOADS)
+                fan_out_round(fan.received(), subscribers, async {
+                    for _ in 0..FAN_OUT_PAYLOADS {
+                        let _: u64 = connection.publish(&channel, &payload).await?;
+                    }
+                    Ok(())
+                })
+                .await
             }
         })
         .await?;
         listening.abort();
         sample.latencies.clear();
-        Ok(Some(sample))
+        Ok(sample)
     }
 }
 
@@ -280,9 +273,6 @@ impl NativeBench for Native {
         log_live(),
         queue_round_trip(prefetch: u32),
         request_reply(),
+        fan_out(subscribers: usize),
     );
-
-    fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
-        Box::pin(Native::fan_out(self, work, subscribers))
-    }
 }
