@@ -1,6 +1,8 @@
 ;; A component that returns whatever bytes the host gave it, as the values the host lifts from
 ;; adapters: `fill` puts the bytes at offset 1024 of its memory (its realloc always answers
-;; 1024), `ids` and `page` return a pointer to them.
+;; 1024); every other export returns a pointer to them, as one of the types an adapter's exports
+;; return (`describe`'s info, append ids, a page, a delivery, a packet, settlements, health,
+;; depth, positions; a stream's elements are these same records).
 (component
   (core module $m
     (memory (export "memory") 1)
@@ -24,9 +26,48 @@
   (export $entry "entry" (type $entry'))
   (type $page' (record (field "entries" (list $entry)) (field "done" bool)))
   (export $page "log-page" (type $page'))
+  (type $tag' (record (field "generation" u32) (field "seq" u64)))
+  (export $tag "tag" (type $tag'))
+  (type $delivery' (record
+    (field "tag" $tag)
+    (field "body" (list u8))
+    (field "headers" (list (tuple string (list u8))))
+    (field "attempt" u32)))
+  (export $delivery "delivery" (type $delivery'))
+  (type $packet' (record
+    (field "body" (list u8))
+    (field "headers" (list (tuple string (list u8))))
+    (field "correlation-id" (option string))
+    (field "reply-to" (option string))))
+  (export $packet "packet" (type $packet'))
+  (type $option-info' (record
+    (field "name" string) (field "default-value" string) (field "doc" string)))
+  (export $option-info "option-info" (type $option-info'))
+  (type $info' (record
+    (field "name" string)
+    (field "version" string)
+    (field "broker" string)
+    (field "options" (list $option-info))))
+  (export $info "info" (type $info'))
   (func (export "fill") (param "bytes" (list u8))
     (canon lift (core func $i "fill") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
   (func (export "ids") (result (result (list string) (error $error)))
     (canon lift (core func $i "get") (memory (core memory $i "memory"))))
   (func (export "page") (result $page)
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "describe") (result $info)
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "delivery") (result $delivery)
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "packet") (result $packet)
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "unit") (result (result (error $error)))
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "settled") (result (list (result (error $error))))
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "healthy") (result (option bool))
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "depth") (result (result u64 (error $error)))
+    (canon lift (core func $i "get") (memory (core memory $i "memory"))))
+  (func (export "positions") (result (list $position))
     (canon lift (core func $i "get") (memory (core memory $i "memory")))))

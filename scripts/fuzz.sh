@@ -10,6 +10,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds="${1:-20}"
+# Its own target dir (inside the caller's, when one is set): cargo fuzz builds everything with
+# its instrumentation flags, nothing is shared with the root build, and a separate dir keeps
+# either from waiting on the other's lock.
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/fuzz"
+fi
 if ! cargo fuzz --version 2>/dev/null | grep -q '0\.13\.1'; then
   cargo install cargo-fuzz --version 0.13.1 --locked
 fi

@@ -20,10 +20,16 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// The log directive that keeps lapin's per-returned-message warning out of the default output.
+const QUIET_RETURNS: &str = "lapin::returned_messages=error";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let serving = std::env::args().nth(1).as_deref() == Some("serve");
-    let default = if serving { "info" } else { "warn" };
+    let level = if serving { "info" } else { "warn" };
+    // lapin logs every message the broker returns at WARN, body included; a return is how the
+    // RabbitMQ adapter learns a direct request had no listener (503), so it is no warning here.
+    let default = format!("{level},{QUIET_RETURNS}");
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: `demo 2> file` gets plain text.
     tracing_subscriber::fmt()

@@ -19,8 +19,8 @@ use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceO
 use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round, joined,
-    timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round,
+    floor_call, joined, timed, unique,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -97,11 +97,12 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
             rows.push(row);
         }};
     }
+    // Its native side is the floor: the same call through a bare wasmtime Store.
     measure!(
-        "trivial export call (parse-id)",
+        "trivial export call vs bare wasmtime floor",
         "calls",
         trivial_call(&setup),
-        |_n| async { anyhow::Ok(Some(plain_call(setup.work.slice))) }
+        |_n| async { floor_call(setup.work.slice).map(Some) }
     );
     measure!(
         "log append, 1 in flight",
@@ -153,21 +154,6 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     let swap = swap_pause(&setup, config).await?;
     let load = load_times(config).await?;
     Ok((rows, Extras { load, swap }))
-}
-
-/// A plain function call (what the trivial export does, without the boundary): the native side
-/// of the trivial-export row.
-fn plain_call(slice: Duration) -> Sample {
-    let started = Instant::now();
-    let mut sample = Sample::default();
-    while started.elapsed() < slice {
-        let t = Instant::now();
-        std::hint::black_box("x:1".rsplit_once(':'));
-        sample.latencies.push(t.elapsed());
-        sample.ops += 1;
-    }
-    sample.elapsed = started.elapsed();
-    sample
 }
 
 async fn trivial_call(setup: &Setup) -> anyhow::Result<Sample> {

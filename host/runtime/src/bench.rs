@@ -252,3 +252,47 @@ impl<T> Drop for LocalFanOut<T> {
         }
     }
 }
+
+/// The smallest component with the trivial export's signature (`parse-id: func(text: string) ->
+/// result<_, error>`): it lowers the string into its memory and answers `ok`.
+const FLOOR_COMPONENT: &str = r#"
+(component
+  (core module $m
+    (memory (export "memory") 1)
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+    (func (export "parse-id") (param i32 i32) (result i32) (i32.const 0)))
+  (core instance $i (instantiate $m))
+  (type $error' (variant
+    (case "bad-request" string) (case "gone" string) (case "unavailable" string)
+    (case "refused" string) (case "timeout" string) (case "closed" string)
+    (case "stale" string) (case "unsupported" string) (case "internal" string)))
+  (export $error "error" (type $error'))
+  (func (export "parse-id") (param "text" string) (result (result (error $error)))
+    (canon lift (core func $i "parse-id") (memory (core memory $i "memory"))
+      (realloc (core func $i "realloc")))))
+"#;
+
+/// The floor of the boundary: the trivial export's call through a bare wasmtime `Store` on the
+/// calling thread, into [`FLOOR_COMPONENT`] (no WASI, no actor, no budgets, no host machinery),
+/// repeatedly for `slice`. What the host's trivial call costs reads as a ratio to this on any
+/// machine.
+pub fn floor_call(slice: Duration) -> anyhow::Result<Sample> {
+    use wasmtime::component::{Component, Linker, TypedFunc};
+    let engine = wasmtime::Engine::default();
+    let component = Component::new(&engine, FLOOR_COMPONENT)?;
+    let mut store = wasmtime::Store::new(&engine, ());
+    let instance = Linker::new(&engine).instantiate(&mut store, &component)?;
+    let parse_id: TypedFunc<(&str,), (Result<(), crate::bindings::types::Error>,)> =
+        instance.get_typed_func(&mut store, "parse-id")?;
+    let started = Instant::now();
+    let mut sample = Sample::default();
+    while started.elapsed() < slice {
+        let t = Instant::now();
+        let (answer,) = parse_id.call(&mut store, ("x:1",))?;
+        std::hint::black_box(answer.is_ok());
+        sample.latencies.push(t.elapsed());
+        sample.ops += 1;
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
