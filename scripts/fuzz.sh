@@ -3,9 +3,9 @@
 # (default 20 per target). encode_token and options are pure Rust; parse_id and init_options run
 # the adapter components and lift the host's binding types from a component (they build
 # wasmtime under cargo fuzz, with the components built by the stable cargo; parse_id needs the
-# local Redis and NATS: WRPC_FUZZ_REDIS= / WRPC_FUZZ_NATS= set empty skip one); they run only
-# with WRPC_FUZZ_COMPONENTS=1. Corpora grow in fuzz/corpus/<target> (not committed); a crash
-# leaves its input in fuzz/artifacts/<target> and fails the script.
+# local Redis and NATS: WRPC_FUZZ_REDIS= / WRPC_FUZZ_NATS= set empty skip one); they run unless
+# WRPC_FUZZ_COMPONENTS=0. Corpora grow in fuzz/corpus/<target> (not committed); a crash leaves
+# its input in fuzz/artifacts/<target> and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
@@ -37,7 +37,7 @@ run() { # target, extra cargo-fuzz flags...
 
 run encode_token
 run options
-if [ "${WRPC_FUZZ_COMPONENTS:-0}" = 1 ]; then
+if [ "${WRPC_FUZZ_COMPONENTS:-1}" = 1 ]; then
   # The adapters are wasm32-wasip2 builds: the stable toolchain has that target, nightly may not.
   WRPC_COMPONENT_CARGO="$(rustup which cargo --toolchain stable)"
   export WRPC_COMPONENT_CARGO

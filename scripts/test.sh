@@ -30,10 +30,11 @@ python3 -c 'import schemathesis, sys; sys.exit(schemathesis.__version__ != "4.32
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release
-# Fuzzing (cargo fuzz, libFuzzer, nightly): a short run of encode_token and options. The
-# component targets (parse_id, init_options, lift) build wasmtime under cargo fuzz: run them with
-# WRPC_FUZZ_COMPONENTS=1 scripts/fuzz.sh.
-WRPC_FUZZ_COMPONENTS="${WRPC_FUZZ_COMPONENTS:-0}" scripts/fuzz.sh "${WRPC_FUZZ_SECONDS:-15}"
+# Fuzzing (cargo fuzz, libFuzzer, nightly): a short run of every target — encode_token and
+# options, and the component targets parse_id, init_options and lift, which build wasmtime under
+# cargo fuzz in its own target dir (≈20–30 min the first time on 2 cores, incremental after).
+# WRPC_FUZZ_COMPONENTS=0 leaves the component targets out of a local run.
+WRPC_FUZZ_COMPONENTS="${WRPC_FUZZ_COMPONENTS:-1}" scripts/fuzz.sh "${WRPC_FUZZ_SECONDS:-15}"
 # The adapter template, written by `wrpc-broker new-adapter` outside the repository, built as the
 # README says and checked. Always in CI; elsewhere WRPC_SKIP_TEMPLATE_CHECK=1 skips it.
 if [ "${CI:-}" = true ] || [ -z "${WRPC_SKIP_TEMPLATE_CHECK:-}" ]; then

@@ -271,11 +271,16 @@ pub async fn run(config: &SoakConfig) -> anyhow::Result<()> {
         worker.await?;
     }
     let read_to = reading.await?;
-    // Let the consumer catch up, then stop everything.
+    // Let the consumer catch up with what it has left (a backlog is not a loss) while it makes
+    // progress; 30 s without one ends the wait. Then stop everything.
     let produced = counts.produced.load(Ordering::Relaxed);
-    let settle = Instant::now() + Duration::from_secs(30);
-    while counts.handled.load(Ordering::Relaxed) < produced && Instant::now() < settle {
+    let (mut last, mut progressed) = (counts.handled.load(Ordering::Relaxed), Instant::now());
+    while last < produced && progressed.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = counts.handled.load(Ordering::Relaxed);
+        if now > last {
+            (last, progressed) = (now, Instant::now());
+        }
     }
     consumer.stop().await;
     listener.stop().await;

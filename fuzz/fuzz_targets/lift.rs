@@ -47,8 +47,8 @@ fuzz_target!(|bytes: &[u8]| {
     lift::<Outcome<Vec<String>>>(bytes, "ids");
     lift::<log::Page>(bytes, "page");
     lift::<adapter::Info>(bytes, "describe");
-    lift::<queue::Delivery>(bytes, "delivery");
-    lift::<direct::Packet>(bytes, "packet");
+    lift::<queue::Delivery>(bytes, "a-delivery");
+    lift::<direct::Packet>(bytes, "a-packet");
     lift::<Outcome<()>>(bytes, "unit");
     lift::<Vec<Outcome<()>>>(bytes, "settled");
     lift::<Option<bool>>(bytes, "healthy");
