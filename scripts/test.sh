@@ -27,6 +27,11 @@ python3 -c 'import websockets, sys; sys.exit(websockets.__version__ != "15.0.1")
 python3 -c 'import schemathesis, sys; sys.exit(schemathesis.__version__ != "4.32.5")' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check 'schemathesis==4.32.5'
 
+# componentize-py, pinned to the version that pairs with the host's wasmtime (the component
+# model's async ABI still moves between releases): tests/build.rs builds the Python adapter.
+python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("componentize-py") != "0.25.1")' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check 'componentize-py==0.25.1'
+
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release

@@ -1,10 +1,10 @@
-//! Builds every component the tests load from a file: the adapters, the mutant memory adapters
-//! and the runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`, and the
+//! Builds every component the tests load from a file: the adapters (the Python memory adapter
+//! with componentize-py), the mutant memory adapters and the runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`, and the
 //! mutants are listed in `$OUT_DIR/mutants.rs` (name, path).
 
 use std::fmt::Write as _;
 
-use wrpc_build_support::{Build, build_all, rerun_if_sources_change};
+use wrpc_build_support::{Build, build_all, build_python_adapter, rerun_if_sources_change};
 
 /// Memory adapters that each break one contract on purpose (feature `mutant-<name>`).
 const MUTANTS: &[&str] = &[
@@ -81,6 +81,11 @@ fn main() {
             path.display()
         );
     }
+    let python = build_python_adapter("memory-python", "memory_python");
+    println!(
+        "cargo:rustc-env=WRPC_COMPONENT_MEMORY_PYTHON={}",
+        python.display()
+    );
     let mut list = String::from("&[\n");
     for (mutant, path) in MUTANTS.iter().zip(&paths[builds.len() - MUTANTS.len()..]) {
         writeln!(list, "    ({mutant:?}, {:?}),", path.display().to_string()).unwrap();

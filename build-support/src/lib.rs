@@ -7,6 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod python;
+
+pub use python::{COMPONENTIZE_PY, PythonBuild, build_python};
+
 /// The wasm target every component is built for.
 pub const TARGET: &str = "wasm32-wasip2";
 /// The cargo profile components are built with (see the workspace `Cargo.toml`).
@@ -98,6 +102,23 @@ pub fn rerun_if_sources_change() {
     for path in fixed.iter().map(|dir| root.join(dir)).chain(adapters) {
         println!("cargo:rerun-if-changed={}", path.display());
     }
+}
+
+/// Build the Python adapter in `adapters/<folder>` (its module `app`, its world `adapter` in
+/// `wit/`) with the pinned componentize-py, save it as `<name>.wasm` beside the Rust
+/// components and return its path. Rebuilt only when the folder's sources change.
+pub fn build_python_adapter(folder: &str, name: &str) -> PathBuf {
+    let dir = workspace_root().join("adapters").join(folder);
+    let target_dir = outer_target_dir().join("wasm-components");
+    let out_dir = target_dir.join("out");
+    std::fs::create_dir_all(&out_dir).expect("creating the component output dir");
+    let build = PythonBuild {
+        dir: &dir,
+        world: "adapter",
+        app: "app",
+        name,
+    };
+    build_python(&build, &target_dir.join("python"), &out_dir)
 }
 
 /// Build each component and return the paths of the `.wasm` files, in order.

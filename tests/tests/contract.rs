@@ -87,8 +87,9 @@ fn broker_backends() -> Vec<Backend> {
         .collect()
 }
 
-/// Every backend: the memory adapter from its file, a memory adapter that names its store
-/// queues, logs and channels its own way (the fault hook must not depend on our names), and
+/// Every backend: the memory adapter from its file, the memory adapter written in Python
+/// (`adapters/memory-python`), a memory adapter that names its store queues, logs and channels
+/// its own way (the fault hook must not depend on our names), and
 /// every broker folder's conformance config (Redis and NATS, on the servers
 /// `scripts/services.sh` starts).
 fn backends() -> Vec<Backend> {
@@ -100,6 +101,7 @@ fn backends() -> Vec<Backend> {
     };
     let mut backends = vec![
         memory("memory", components::MEMORY),
+        memory("memory_python", components::MEMORY_PYTHON),
         memory("memory_other_names", components::MEMORY_OTHER_NAMES),
     ];
     backends.extend(broker_backends());

@@ -2,7 +2,8 @@
 //! and consumers run 10 000 queue messages and a log reader follows a feed; the same with a
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails; a service answers requests
-//! throughout. The same on Redis, NATS and RabbitMQ. And a service answers every request from concurrent
+//! throughout. The same swapping between the Rust and the Python memory adapters, and on Redis,
+//! NATS and RabbitMQ. And a service answers every request from concurrent
 //! requesters while the adapter is swapped 100 times back to back, on each broker, to an
 //! ungrouped listener and to a group.
 
@@ -48,21 +49,21 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_redis() {
     let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    let generation = workload(builder, wasm, options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    let generation = workload(builder, wasm, options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
     let (builder, wasm, options) = on_server("amqp://127.0.0.1:5672");
-    let generation = workload(builder, wasm, options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
@@ -106,11 +107,11 @@ fn new_flag() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
-/// Run the workload on the broker `builder` opens, swapping to the component `swap_to` 20
-/// times meanwhile.
+/// Run the workload on the broker `builder` opens, swapping 20 times meanwhile: to each
+/// component of `swap_to` in turn.
 async fn workload(
     builder: BrokerBuilder,
-    swap_to: Vec<u8>,
+    swap_to: Vec<Vec<u8>>,
     options: Vec<(String, String)>,
     with_requests: bool,
 ) -> anyhow::Result<u32> {
@@ -209,9 +210,9 @@ async fn workload(
                 while appended.load(std::sync::atomic::Ordering::Relaxed) < due {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
-                let swap_to = swap_to.clone();
+                let next = &swap_to[i % swap_to.len()];
                 let report = broker
-                    .swap_bytes("the next adapter version", &swap_to, options.clone())
+                    .swap_bytes("the next adapter version", next, options.clone())
                     .await
                     .with_context(|| format!("swap {i}"))?;
                 pauses.push(report.total);
@@ -250,7 +251,28 @@ async fn workload(
 async fn twenty_swaps_under_load_lose_nothing() {
     let generation = workload(
         on_memory(components::MEMORY),
-        std::fs::read(components::MEMORY).unwrap(),
+        vec![std::fs::read(components::MEMORY).unwrap()],
+        vec![],
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        generation,
+        SWAPS as u32 + 1,
+        "one generation per swap, no trap"
+    );
+}
+
+/// The Rust memory adapter swapped for the Python one and back, ten times each way, under the
+/// same load: every message handled, every entry read in order, no call failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaps_between_the_rust_and_the_python_memory_adapters_lose_nothing() {
+    let rust = std::fs::read(components::MEMORY).unwrap();
+    let python = std::fs::read(components::MEMORY_PYTHON).unwrap();
+    let generation = workload(
+        on_memory(components::MEMORY),
+        vec![python, rust],
         vec![],
         true,
     )
@@ -267,7 +289,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
 async fn twenty_swaps_with_a_component_trapping_every_500th_call_lose_nothing() {
     let generation = workload(
         on_memory(components::MEMORY_CHAOS),
-        std::fs::read(components::MEMORY_CHAOS).unwrap(),
+        vec![std::fs::read(components::MEMORY_CHAOS).unwrap()],
         vec![],
         false,
     )
