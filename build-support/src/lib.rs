@@ -108,6 +108,7 @@ pub fn rerun_if_sources_change() {
 /// `wit/`) with the pinned componentize-py, save it as `<name>.wasm` beside the Rust
 /// components and return its path. Rebuilt only when the folder's sources change.
 pub fn build_python_adapter(folder: &str, name: &str) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=WRPC_PYTHON");
     let dir = workspace_root().join("adapters").join(folder);
     let target_dir = outer_target_dir().join("wasm-components");
     let out_dir = target_dir.join("out");

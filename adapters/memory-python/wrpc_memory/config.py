@@ -26,7 +26,8 @@ OPTIONS = [
     (
         "epoch",
         "",
-        "Stamped into the ids of every log this adapter creates (default: a fresh random id per log).",
+        "Stamped into the ids of every log this adapter creates"
+        " (default: a fresh random id per log).",
     ),
     ("prefix", DEFAULT_PREFIX, "Namespace of every log, queue and channel name in the store."),
     (
@@ -96,7 +97,9 @@ def _at_least(options: dict[str, str], name: str, least: int) -> int:
     text = options[name]
     digits = text.strip()
     if not _NUMBER.fullmatch(digits) or int(digits) > U32_MAX:
-        raise bad_request(f"option `{name}`: cannot read `{text}`: not a number from 0 to {U32_MAX}")
+        raise bad_request(
+            f"option `{name}`: cannot read `{text}`: not a number from 0 to {U32_MAX}"
+        )
     value = int(digits)
     if value < least:
         raise bad_request(f"option `{name}` must be at least {least}")

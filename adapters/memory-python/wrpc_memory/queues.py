@@ -225,7 +225,8 @@ class Consumer:
         self.settled_ok = failure is None
         self.room_or_stop.notify()
         if failure is not None:
-            why = f"settlement failed after {len(BACKOFF_MS) + 1} tries ({failure!r}); message handed back"
+            tries = len(BACKOFF_MS) + 1
+            why = f"settlement failed after {tries} tries ({failure!r}); message handed back"
             host.log(types.Level.WARN, why)
             raise Err(types.Error_Refused(why))
 

@@ -1,9 +1,9 @@
 """Wake-ups between export calls of one instance.
 
 Each export call is a Component Model task with its own asyncio context, and componentize-py
-runs a task's Python callbacks only when that task gets an event from the host. An
-`asyncio.Event` set by one call therefore does not wake a coroutine parked by another: it would
-wait for its own task's next event. A waiter here parks on the readable end of a fresh stream
+runs a task's Python callbacks only when that task gets an event from the host: an
+`asyncio.Event` set by one call and awaited in another does not work (tried with 0.25.1: the
+component traps). A waiter here parks on the readable end of a fresh stream
 instead, and a wake-up drops the writable end: the host tells the waiting task, whichever call
 did it.
 """
