@@ -1,5 +1,6 @@
-//! Builds every component the tests load from a file: the adapters (the Python memory adapter
-//! with componentize-py), the mutant memory adapters and the runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`, and the
+//! Builds every component the tests load from a file: the adapters (with the `python` feature,
+//! the Python memory adapter, with componentize-py), the mutant memory adapters and the
+//! runtime's probe components. Each path is exported as `WRPC_COMPONENT_<NAME>`, and the
 //! mutants are listed in `$OUT_DIR/mutants.rs` (name, path).
 
 use std::fmt::Write as _;
@@ -81,11 +82,13 @@ fn main() {
             path.display()
         );
     }
-    let python = build_python_adapter("memory-python", "memory_python");
-    println!(
-        "cargo:rustc-env=WRPC_COMPONENT_MEMORY_PYTHON={}",
-        python.display()
-    );
+    if std::env::var_os("CARGO_FEATURE_PYTHON").is_some() {
+        let python = build_python_adapter("memory-python", "memory_python");
+        println!(
+            "cargo:rustc-env=WRPC_COMPONENT_MEMORY_PYTHON={}",
+            python.display()
+        );
+    }
     let mut list = String::from("&[\n");
     for (mutant, path) in MUTANTS.iter().zip(&paths[builds.len() - MUTANTS.len()..]) {
         writeln!(list, "    ({mutant:?}, {:?}),", path.display().to_string()).unwrap();

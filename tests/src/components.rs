@@ -3,6 +3,7 @@
 /// The memory adapter.
 pub const MEMORY: &str = env!("WRPC_COMPONENT_MEMORY");
 /// The memory adapter written in Python (`adapters/memory-python`, built with componentize-py).
+#[cfg(feature = "python")]
 pub const MEMORY_PYTHON: &str = env!("WRPC_COMPONENT_MEMORY_PYTHON");
 /// The memory adapter naming its store objects its own way (`<name>#<kind>@<prefix>`).
 pub const MEMORY_OTHER_NAMES: &str = env!("WRPC_COMPONENT_MEMORY_OTHER_NAMES");

@@ -101,6 +101,7 @@ fn backends() -> Vec<Backend> {
     };
     let mut backends = vec![
         memory("memory", components::MEMORY),
+        #[cfg(feature = "python")]
         memory("memory_python", components::MEMORY_PYTHON),
         memory("memory_other_names", components::MEMORY_OTHER_NAMES),
     ];

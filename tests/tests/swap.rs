@@ -266,6 +266,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
 
 /// The Rust memory adapter swapped for the Python one and back, ten times each way, under the
 /// same load: every message handled, every entry read in order, no call failed.
+#[cfg(feature = "python")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swaps_between_the_rust_and_the_python_memory_adapters_lose_nothing() {
     let rust = std::fs::read(components::MEMORY).unwrap();

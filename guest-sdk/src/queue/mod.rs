@@ -202,17 +202,19 @@ fn live(id: u64) -> Option<Rc<dyn Live>> {
     CONSUMERS.with_borrow(|m| m.get(&id).cloned())
 }
 
-/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`).
+/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`). The batch's
+/// settlements go to the broker together (one round trip for the batch where the connection
+/// pipelines, not one per delivery); each takes its delivery off the ledger in batch order
+/// before any broker call, so a tag twice in one batch settles once and answers `stale` after.
 pub async fn settle<S: Into<Settlement>>(id: u64, batch: Vec<(Tag, S)>) -> Vec<Result<(), Error>> {
     let Some(consumer) = live(id) else {
         let closed = || Error::closed(format!("consumer {id} is not live"));
         return batch.iter().map(|_| Err(closed())).collect();
     };
-    let mut answers = Vec::with_capacity(batch.len());
-    for (tag, settlement) in batch {
-        answers.push(consumer.clone().settle(tag, settlement.into()).await);
-    }
-    answers
+    let settling = batch
+        .into_iter()
+        .map(|(tag, settlement)| consumer.clone().settle(tag, settlement.into()));
+    futures::future::join_all(settling).await
 }
 
 /// Whether consumer `id` is healthy; none when it is not live (`queue.healthy`).
