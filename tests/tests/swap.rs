@@ -2,8 +2,9 @@
 //! and consumers run 10 000 queue messages and a log reader follows a feed; the same with a
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails; a service answers requests
-//! throughout. The same swapping between the Rust and the Python memory adapters, and on Redis,
-//! NATS and RabbitMQ. And a service answers every request from concurrent
+//! throughout. The same swapping between the Rust and the Python memory adapters, on Redis,
+//! NATS and RabbitMQ, and on Kafka (no direct there) with a single queue consumer. And a
+//! service answers every request from concurrent
 //! requesters while the adapter is swapped 100 times back to back, on each broker, to an
 //! ungrouped listener and to a group.
 
@@ -49,21 +50,30 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_redis() {
     let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
     let (builder, wasm, options) = on_server("amqp://127.0.0.1:5672");
-    let generation = workload(builder, vec![wasm], options, true).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
+    assert_eq!(generation, SWAPS as u32 + 1);
+}
+
+/// Kafka exports no direct, so no requests; one queue consumer, so at each swap the group
+/// loses its only member and gets a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_swaps_under_load_lose_nothing_on_kafka_with_one_consumer() {
+    let (builder, wasm, options) = on_server("kafka://127.0.0.1:9092");
+    let generation = workload(builder, vec![wasm], options, false, 1).await.unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
@@ -107,13 +117,15 @@ fn new_flag() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
-/// Run the workload on the broker `builder` opens, swapping 20 times meanwhile: to each
-/// component of `swap_to` in turn.
+/// Run the workload on the broker `builder` opens, with `consumers` queue consumers (and a
+/// service answering requests throughout when `with_requests`), swapping 20 times meanwhile:
+/// to each component of `swap_to` in turn.
 async fn workload(
     builder: BrokerBuilder,
     swap_to: Vec<Vec<u8>>,
     options: Vec<(String, String)>,
     with_requests: bool,
+    consumers: usize,
 ) -> anyhow::Result<u32> {
     let broker = builder.open().await?;
     let queue = broker.queue()?;
@@ -123,7 +135,7 @@ async fn workload(
     let (consumers, handled) = workload::numbered_consumers(
         &queue,
         &name,
-        2,
+        consumers,
         ConsumeOptions {
             prefetch: 32,
             dead_letter: None,
@@ -153,14 +165,26 @@ async fn workload(
     };
     let swaps_done = new_flag();
     // A service answering requests throughout: no request may fail because of a swap.
-    let direct = broker.direct()?;
     let service = format!("{name}.service");
-    let (listener, requests_handled) = echo_service(&direct, &service, None).await?;
+    let echo = if with_requests {
+        let direct = broker.direct()?;
+        let (listener, handled) = echo_service(&direct, &service, None).await?;
+        Some((direct, listener, handled))
+    } else {
+        None
+    };
     let requester = {
-        let (direct, service, done) = (direct.clone(), service.clone(), swaps_done.clone());
+        let (direct, service, done) = (
+            echo.as_ref().map(|(direct, _, _)| direct.clone()),
+            service.clone(),
+            swaps_done.clone(),
+        );
         tokio::spawn(async move {
             let mut answered = 0u64;
-            while with_requests && !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while let Some(direct) = direct
+                .as_ref()
+                .filter(|_| !done.load(std::sync::atomic::Ordering::Relaxed))
+            {
                 let reply = direct
                     .request(&service, b"ping".to_vec(), Duration::from_secs(5))
                     .await
@@ -225,8 +249,10 @@ async fn workload(
     let pauses = swapper.await??;
     let answered = requester.await??;
     ensure!(answered > 0 || !with_requests, "no request was answered");
-    listener.stop().await;
-    ensure_handled_once(&requests_handled, answered)?;
+    if let Some((_, listener, handled)) = echo {
+        listener.stop().await;
+        ensure_handled_once(&handled, answered)?;
+    }
     let entries = appender.await??;
     let _ = total_tx.send(Some(entries));
     producer.await??;
@@ -276,6 +302,7 @@ async fn swaps_between_the_rust_and_the_python_memory_adapters_lose_nothing() {
         vec![python, rust],
         vec![],
         true,
+        2,
     )
     .await
     .unwrap();
@@ -293,6 +320,7 @@ async fn twenty_swaps_with_a_component_trapping_every_500th_call_lose_nothing() 
         vec![std::fs::read(components::MEMORY_CHAOS).unwrap()],
         vec![],
         false,
+        2,
     )
     .await
     .unwrap();

@@ -1,0 +1,2 @@
+//! The native side of the bench (later).
+pub(crate) struct Native;
