@@ -104,6 +104,8 @@ pub(crate) struct Config {
     pub(crate) log_configs: Vec<(String, String)>,
     /// The retry buckets, ascending, in milliseconds.
     pub(crate) buckets: Vec<u32>,
+    /// The queue partition this instance's produces start at (picked at `init`).
+    pub(crate) home_partition: u32,
 }
 
 /// A positive number option, if given.
@@ -158,11 +160,17 @@ impl Config {
                 log_configs.push((name.to_string(), n.to_string()));
             }
         }
+        let queue_partitions = options.at_least("queue.partitions", 1)?;
+        let home_partition = host::generate_id()
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+            % queue_partitions;
         Ok(Config {
             generation,
             prefix,
             partitions: options.at_least("partitions", 1)?,
-            queue_partitions: options.at_least("queue.partitions", 1)?,
+            queue_partitions,
+            home_partition,
             replication: options.at_least("replication", 1)?,
             log_configs,
             buckets,

@@ -20,8 +20,10 @@ use crate::inbox::Inbox;
 use crate::topics::{self, Described};
 use crate::wrpc::kafka::client::{self, Incoming, Marks, Outgoing};
 use crate::{Component, Config, config, kafka_error};
-use wrpc_broker_guest::{Error, Position, Start, ids, relay};
+use wrpc_broker_guest::{Error, Position, Start, host, ids, relay};
 
+/// How many times (100 ms apart) a topic just created is described before giving up.
+const DESCRIBE_TRIES: u32 = 50;
 /// How long a page waits for a record it knows is there, in milliseconds.
 const FETCH_WAIT_MS: u32 = 10_000;
 
@@ -34,10 +36,17 @@ async fn log_topic(config: &Config, topic: &str) -> Result<(String, Described), 
         &config.log_configs,
     )
     .await?;
-    let described = topics::describe(&name).await?.ok_or_else(|| {
-        Error::unavailable(format!("topic {name} is not there after creating it"))
-    })?;
-    Ok((name, described))
+    // A topic just created is described once its metadata has spread (a moment).
+    for _ in 0..DESCRIBE_TRIES {
+        if let Some(described) = topics::describe(&name).await? {
+            return Ok((name, described));
+        }
+        host::sleep(100).await;
+    }
+    Err(Error::unavailable(format!(
+        "topic {name} is not described within {} ms of its creation",
+        DESCRIBE_TRIES * 100
+    )))
 }
 
 /// Parse an id: its epoch and offset vector.

@@ -78,6 +78,9 @@ pub(crate) fn consumer_config(bootstrap: &str, group: &str) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "10")
         .set("fetch.min.bytes", "1")
+        .set("fetch.error.backoff.ms", "50")
+        .set("topic.metadata.refresh.fast.interval.ms", "50")
+        .set("retry.backoff.ms", "50")
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
         .set("max.poll.interval.ms", "300000");

@@ -134,8 +134,10 @@ impl Driver for Kafka {
 
     fn native_bench<'a>(&'a self, url: &'a str, _connection: &'a Lent) -> NativeBenchFuture<'a> {
         Box::pin(async move {
-            let _ = url;
-            Ok(None)
+            let native = bench::Native::new(url).await?;
+            Ok(Some(
+                Box::new(bench::Shared(std::sync::Arc::new(native))) as _
+            ))
         })
     }
 }

@@ -118,11 +118,15 @@ impl Guest for Component {
         let config = config()?;
         let names = Names::of(&config, &queue)?;
         names.ensure(&config).await?;
+        // Spread round-robin from this instance's partition: a batch is shared by competing
+        // consumers, and messages produced one at a time by one instance keep their order.
+        let partitions = config.queue_partitions.max(1);
         let records = batch
             .into_iter()
-            .map(|m| Outgoing {
+            .enumerate()
+            .map(|(i, m)| Outgoing {
                 topic: names.main.clone(),
-                partition: None,
+                partition: Some((config.home_partition + i as u32) % partitions),
                 key: None,
                 value: m.body,
                 headers: m.headers,
