@@ -1,6 +1,6 @@
 //! The native side for Kafka: what the Kafka adapter issues, issued directly with `rdkafka`:
 //! idempotent `acks=all` produces awaiting each delivery report to a one-partition topic for
-//! the log; a batch produced to a four-partition topic, consumed by a cooperative-sticky group
+//! the log; a batch produced to a four-partition topic, consumed by a range-assigned group
 //! member that commits each message's next offset synchronously for the queue; produces keyed
 //! by channel to a one-partition topic read by an assign-mode reader from the high watermark
 //! for the backplane. There is no direct row (the adapter exports no direct).
@@ -108,7 +108,7 @@ impl Native {
         let name = unique("native-queue");
         self.topic(&name, 4).await?;
         let mut config = consumer_config(&self.bootstrap, &name);
-        config.set("partition.assignment.strategy", "cooperative-sticky");
+        config.set("partition.assignment.strategy", "range");
         let consumer: Arc<StreamConsumer> = Arc::new(config.create()?);
         consumer.subscribe(&[name.as_str()])?;
         let mut sample = Sample::default();

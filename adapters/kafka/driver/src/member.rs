@@ -22,6 +22,8 @@ use crate::{KafkaDriver, REFUSALS, convert};
 const MEMBER_BUFFER: usize = 1024;
 /// How long `join` waits for the member's first assignment.
 const JOIN_WAIT: Duration = Duration::from_secs(30);
+/// How long `join` then waits for the member's first record (none on an empty queue).
+const FIRST_FETCH_WAIT: Duration = Duration::from_millis(1_000);
 
 /// A topic partition as a map key.
 type Key = (String, i32);
@@ -128,7 +130,7 @@ impl wrpc_broker_runtime::streams::PollBatch for Events {
 
 impl KafkaDriver {
     /// Join `group` on `topics`; returns once the first assignment arrived (or after
-    /// [`JOIN_WAIT`]).
+    /// [`JOIN_WAIT`]) and then the first record (or after [`FIRST_FETCH_WAIT`]).
     pub(crate) async fn join(
         &self,
         group: String,
@@ -144,7 +146,9 @@ impl KafkaDriver {
             owned: Mutex::new(HashSet::new()),
         };
         let mut config = consumer_config(&self.shared.bootstrap, &group);
-        config.set("partition.assignment.strategy", "cooperative-sticky");
+        // Range assigns each topic on its own: the main topic is shared by the members (a
+        // balanced count over all the topics could leave one member only bucket partitions).
+        config.set("partition.assignment.strategy", "range");
         let consumer: StreamConsumer<MemberContext> = config
             .create_with_context(context)
             .map_err(convert::error)?;
@@ -152,6 +156,7 @@ impl KafkaDriver {
         consumer.subscribe(&names).map_err(convert::error)?;
         let consumer = Arc::new(consumer);
         let (stop, stopped) = watch::channel(false);
+        let (fetched_tx, mut fetched) = watch::channel(false);
         let (closed_tx, closed_rx) = oneshot::channel();
         let id = self.shared.next_handle.fetch_add(1, Ordering::SeqCst);
         let member = Arc::new(Member {
@@ -164,7 +169,7 @@ impl KafkaDriver {
         self.members().insert(id, member);
         let driver = self.clone();
         tokio::spawn(async move {
-            fetch(&consumer, events, queued.clone(), stopped).await;
+            fetch(&consumer, events, queued.clone(), stopped, fetched_tx).await;
             let member = driver.members().remove(&id);
             // Closing the consumer (LeaveGroup) blocks: off the runtime, with the last handles.
             let _ = blocking(move || {
@@ -177,6 +182,9 @@ impl KafkaDriver {
             let _ = closed_tx.send(());
         });
         let _ = tokio::time::timeout(JOIN_WAIT, assigned.wait_for(|n| *n > 0)).await;
+        // Fetching starts after the assignment (committed offsets, then a fetch): a queue with
+        // messages has its first one on the way when `join` returns.
+        let _ = tokio::time::timeout(FIRST_FETCH_WAIT, fetched.wait_for(|f| *f)).await;
         let queued = self
             .member(id)
             .map(|m| m.consumer.context().queued.clone())?;
@@ -317,6 +325,7 @@ async fn fetch(
     events: mpsc::UnboundedSender<wit::MemberEvent>,
     queued: Arc<AtomicUsize>,
     mut stopped: watch::Receiver<bool>,
+    fetched: watch::Sender<bool>,
 ) {
     loop {
         if *stopped.borrow() || events.is_closed() {
@@ -331,7 +340,10 @@ async fn fetch(
         }
         let event = tokio::select! {
             next = consumer.recv() => match next {
-                Ok(m) => wit::MemberEvent::Fetched(convert::incoming(&m)),
+                Ok(m) => {
+                    fetched.send_if_modified(|f| !std::mem::replace(f, true));
+                    wit::MemberEvent::Fetched(convert::incoming(&m))
+                }
                 Err(e) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     wit::MemberEvent::Failed(convert::error(e))
