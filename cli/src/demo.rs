@@ -47,11 +47,30 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
         a.info().name
     );
 
+    // A capability the adapter does not export (Kafka has no direct) is left out, saying why.
+    let exports = a.capabilities();
+    let adapter = a.info().name;
     let summary = [
-        log_part(&a, &b).await?,
-        backplane_part(&a, &b).await?,
-        direct_part(&a, &b).await?,
-        queue_part(&a, &b).await?,
+        if exports.log {
+            log_part(&a, &b).await?
+        } else {
+            not_exported(&adapter, "log")
+        },
+        if exports.backplane {
+            backplane_part(&a, &b).await?
+        } else {
+            not_exported(&adapter, "backplane")
+        },
+        if exports.direct {
+            direct_part(&a, &b).await?
+        } else {
+            not_exported(&adapter, "direct")
+        },
+        if exports.queue {
+            queue_part(&a, &b).await?
+        } else {
+            not_exported(&adapter, "queue")
+        },
         swap_part(&a, broker_url, &options).await?,
     ];
 
@@ -60,6 +79,16 @@ pub async fn run(broker_url: &str) -> anyhow::Result<()> {
     println!();
     println!("Summary. {}.", summary.join("; "));
     Ok(())
+}
+
+/// The part of a capability `adapter` does not export: a heading and why there is nothing.
+fn not_exported(adapter: &str, capability: &str) -> String {
+    heading(&format!("{capability}: not exported"));
+    println!(
+        "  The `{adapter}` adapter does not export `{capability}` (wit/MAPPING.md says why for \
+         each broker), so this part is left out."
+    );
+    format!("no {capability} on `{adapter}`")
 }
 
 // ---------------------------------------------------------------------------------------------

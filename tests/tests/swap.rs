@@ -50,21 +50,27 @@ fn on_server(url: &str) -> (BrokerBuilder, Vec<u8>, Vec<(String, String)>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_redis() {
     let (builder, wasm, options) = on_server("redis://127.0.0.1:6379");
-    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2)
+        .await
+        .unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_nats() {
     let (builder, wasm, options) = on_server("nats://127.0.0.1:4222");
-    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2)
+        .await
+        .unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
     let (builder, wasm, options) = on_server("amqp://127.0.0.1:5672");
-    let generation = workload(builder, vec![wasm], options, true, 2).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, true, 2)
+        .await
+        .unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
@@ -73,7 +79,9 @@ async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing_on_kafka_with_one_consumer() {
     let (builder, wasm, options) = on_server("kafka://127.0.0.1:9092");
-    let generation = workload(builder, vec![wasm], options, false, 1).await.unwrap();
+    let generation = workload(builder, vec![wasm], options, false, 1)
+        .await
+        .unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
 }
 
@@ -280,6 +288,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
         vec![std::fs::read(components::MEMORY).unwrap()],
         vec![],
         true,
+        2,
     )
     .await
     .unwrap();

@@ -77,24 +77,36 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         },
     };
     let mut rows = Vec::new();
+    // A row of a capability the adapter does not export is left out, saying so.
+    let exports = setup.a.capabilities();
     macro_rules! measure {
-        ($name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
-            eprintln!("bench: {}", $name);
-            let mut row = Row {
-                operation: $name.to_string(),
-                unit: $unit,
-                component: Sample::default(),
-                native: None,
-            };
-            for _ in 0..ROUNDS {
-                row.component.merge($component.await?);
-                if let Some($n) = &setup.native
-                    && let Some(sample) = $native.await?
-                {
-                    row.native.get_or_insert_with(Sample::default).merge(sample);
+        ($name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {
+            measure!(true, "", $name, $unit, $component, |$n| $native)
+        };
+        ($exported:expr, $capability:expr, $name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
+            if !$exported {
+                eprintln!(
+                    "bench: {}: skipped, the adapter exports no {}",
+                    $name, $capability
+                );
+            } else {
+                eprintln!("bench: {}", $name);
+                let mut row = Row {
+                    operation: $name.to_string(),
+                    unit: $unit,
+                    component: Sample::default(),
+                    native: None,
+                };
+                for _ in 0..ROUNDS {
+                    row.component.merge($component.await?);
+                    if let Some($n) = &setup.native
+                        && let Some(sample) = $native.await?
+                    {
+                        row.native.get_or_insert_with(Sample::default).merge(sample);
+                    }
                 }
+                rows.push(row);
             }
-            rows.push(row);
         }};
     }
     // Its native side is the floor: the same call through a bare wasmtime Store.
@@ -105,24 +117,32 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         |_n| async { floor_call(setup.work.slice).map(Some) }
     );
     measure!(
+        exports.log,
+        "log",
         "log append, 1 in flight",
         "ops",
         log_append(&setup, 1),
         |n| n.log_append(&setup.work, 1)
     );
     measure!(
+        exports.log,
+        "log",
         "log append, 64 in flight",
         "ops",
         log_append(&setup, 64),
         |n| n.log_append(&setup.work, 64)
     );
     measure!(
+        exports.log,
+        "log",
         "log read, catch-up 10k",
         "entries",
         log_catch_up(&setup),
         |n| n.log_catch_up(&setup.work)
     );
     measure!(
+        exports.log,
+        "log",
         "log read, live (append→read)",
         "entries",
         log_live(&setup),
@@ -130,6 +150,8 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     );
     for prefetch in [1u32, 64] {
         measure!(
+            exports.queue,
+            "queue",
             format!("queue produce+consume+ack, prefetch {prefetch}"),
             "msgs",
             queue_round_trip(&setup, prefetch),
@@ -137,6 +159,8 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         );
     }
     measure!(
+        exports.direct,
+        "direct",
         "direct request/reply (2 instances)",
         "reqs",
         request_reply(&setup),
@@ -144,6 +168,8 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     );
     for subscribers in [1usize, 1000] {
         measure!(
+            exports.backplane,
+            "backplane",
             format!("backplane publish → {subscribers} local subscribers"),
             "deliveries",
             fan_out(&setup, subscribers),
