@@ -37,6 +37,9 @@ fn one(results: Vec<Result<(), StoreError>>) -> Result<(), Error> {
 }
 
 impl queue::Broker for StoreQueue {
+    /// Each delivery is settled on its own; a batch's calls may overlap.
+    const CONCURRENT_SETTLES: bool = true;
+
     /// The store lease.
     type Handle = u64;
 

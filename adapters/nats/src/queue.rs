@@ -300,6 +300,9 @@ impl PullConsumer {
 }
 
 impl queue::Broker for PullConsumer {
+    /// Each delivery is settled on its own; a batch's calls may overlap.
+    const CONCURRENT_SETTLES: bool = true;
+
     /// The delivery's `$JS.ACK.…` subject.
     type Handle = String;
 

@@ -235,6 +235,9 @@ impl AmqpConsumer {
 }
 
 impl queue::Broker for AmqpConsumer {
+    /// Each delivery is settled on its own; a batch's calls may overlap.
+    const CONCURRENT_SETTLES: bool = true;
+
     type Handle = Handle;
 
     fn keep_alive_ms(&self) -> u32 {

@@ -273,6 +273,9 @@ impl GroupMember {
 }
 
 impl queue::Broker for GroupMember {
+    /// Each delivery is settled on its own; a batch's calls may overlap.
+    const CONCURRENT_SETTLES: bool = true;
+
     /// The stream entry id.
     type Handle = Vec<u8>;
 

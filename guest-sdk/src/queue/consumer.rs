@@ -29,6 +29,8 @@ pub(super) type Boxed<T> = Pin<Box<dyn Future<Output = T>>>;
 pub(super) trait Live {
     /// Settle one delivery.
     fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>>;
+    /// [`Broker::CONCURRENT_SETTLES`] of its broker.
+    fn concurrent_settles(&self) -> bool;
     /// `queue.healthy`.
     fn healthy(&self) -> bool;
     /// Stop and resolve once what it held is handed back.
@@ -258,6 +260,10 @@ impl<B: Broker> Consumer<B> {
 impl<B: Broker> Live for Consumer<B> {
     fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>> {
         Box::pin(async move { self.settle_one(tag, settlement).await })
+    }
+
+    fn concurrent_settles(&self) -> bool {
+        B::CONCURRENT_SETTLES
     }
 
     fn healthy(&self) -> bool {

@@ -106,6 +106,12 @@ pub trait Broker: 'static {
     /// What the adapter keeps to settle one delivery.
     type Handle: Clone + 'static;
 
+    /// Whether the settlements of one `settle` batch may run at once (their broker calls
+    /// pipelined: one round trip for the batch). Off by default: settlements run one after the
+    /// other, in batch order, for a broker whose bookkeeping needs that (Kafka's settled-prefix
+    /// commits do).
+    const CONCURRENT_SETTLES: bool = false;
+
     /// How often [`Broker::extend`] is called for what the consumer holds, in milliseconds.
     fn keep_alive_ms(&self) -> u32;
 
@@ -202,19 +208,27 @@ fn live(id: u64) -> Option<Rc<dyn Live>> {
     CONSUMERS.with_borrow(|m| m.get(&id).cloned())
 }
 
-/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`). The batch's
-/// settlements go to the broker together (one round trip for the batch where the connection
-/// pipelines, not one per delivery); each takes its delivery off the ledger in batch order
-/// before any broker call, so a tag twice in one batch settles once and answers `stale` after.
+/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`). With
+/// [`Broker::CONCURRENT_SETTLES`] the batch's settlements go to the broker together (one round
+/// trip for the batch where the connection pipelines); each still takes its delivery off the
+/// ledger in batch order before any broker call, so a tag twice in one batch settles once and
+/// answers `stale` after. Otherwise one after the other.
 pub async fn settle<S: Into<Settlement>>(id: u64, batch: Vec<(Tag, S)>) -> Vec<Result<(), Error>> {
     let Some(consumer) = live(id) else {
         let closed = || Error::closed(format!("consumer {id} is not live"));
         return batch.iter().map(|_| Err(closed())).collect();
     };
-    let settling = batch
-        .into_iter()
-        .map(|(tag, settlement)| consumer.clone().settle(tag, settlement.into()));
-    futures::future::join_all(settling).await
+    if consumer.concurrent_settles() {
+        let settling = batch
+            .into_iter()
+            .map(|(tag, settlement)| consumer.clone().settle(tag, settlement.into()));
+        return futures::future::join_all(settling).await;
+    }
+    let mut answers = Vec::with_capacity(batch.len());
+    for (tag, settlement) in batch {
+        answers.push(consumer.clone().settle(tag, settlement.into()).await);
+    }
+    answers
 }
 
 /// Whether consumer `id` is healthy; none when it is not live (`queue.healthy`).
