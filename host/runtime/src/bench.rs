@@ -245,6 +245,42 @@ impl<T: Clone + Send + 'static> LocalFanOut<T> {
     }
 }
 
+/// The native side of a backplane row on a server: `deliveries` (one broker subscription's
+/// payloads) handed to `subscribers` local receivers as the host does, while rounds of
+/// `publish` (each sending [`FAN_OUT_PAYLOADS`] payloads) run for the workload's slice.
+pub async fn shared_subscription<D, T, P, Fut>(
+    work: &Workload,
+    subscribers: usize,
+    deliveries: D,
+    mut publish: P,
+) -> anyhow::Result<Sample>
+where
+    D: futures::Stream<Item = T> + Send + 'static,
+    T: Clone + Send + 'static,
+    P: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    use futures::StreamExt;
+    let fan = Arc::new(LocalFanOut::new(subscribers));
+    let listening = {
+        let fan = fan.clone();
+        tokio::spawn(async move {
+            let mut deliveries = std::pin::pin!(deliveries);
+            while let Some(payload) = deliveries.next().await {
+                fan.deliver(payload);
+            }
+        })
+    };
+    let sample = timed(work.slice, || {
+        fan_out_round(fan.received(), subscribers, publish())
+    })
+    .await;
+    listening.abort();
+    let mut sample = sample?;
+    sample.latencies.clear();
+    Ok(sample)
+}
+
 impl<T> Drop for LocalFanOut<T> {
     fn drop(&mut self) {
         for receiver in &self.receivers {

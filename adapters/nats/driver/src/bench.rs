@@ -4,15 +4,14 @@
 //! direct, and core PUB/SUB for the backplane. Log reads as the adapter's: pages of stream info
 //! plus pipelined direct gets for a catch-up, an ephemeral push consumer for a live tail.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
-    fan_out_round, joined, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
+    shared_subscription, timed, unique,
 };
 
 /// The host's page size for a catch-up read (`host/src/log`).
@@ -276,33 +275,22 @@ impl Native {
     pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
         // One core subscription for the subject, shared by every local subscriber, as the host.
         let subject = stream_name("native_room");
-        let mut subscription = self.client.subscribe(subject.clone()).await?;
-        let fan = Arc::new(LocalFanOut::new(subscribers));
-        let listening = {
-            let fan = fan.clone();
-            tokio::spawn(async move {
-                while let Some(message) = subscription.next().await {
-                    fan.deliver(message.payload);
-                }
-            })
-        };
+        let deliveries = self
+            .client
+            .subscribe(subject.clone())
+            .await?
+            .map(|message| message.payload);
         self.client.flush().await?;
-        let mut sample = timed(work.slice, || async {
-            fan_out_round(fan.received(), subscribers, async {
-                for _ in 0..FAN_OUT_PAYLOADS {
-                    self.client
-                        .publish(subject.clone(), work.payload.clone().into())
-                        .await?;
-                }
-                self.client.flush().await?;
-                Ok(())
-            })
-            .await
+        shared_subscription(work, subscribers, deliveries, || async {
+            for _ in 0..FAN_OUT_PAYLOADS {
+                self.client
+                    .publish(subject.clone(), work.payload.clone().into())
+                    .await?;
+            }
+            self.client.flush().await?;
+            Ok(())
         })
-        .await?;
-        listening.abort();
-        sample.latencies.clear();
-        Ok(sample)
+        .await
     }
 }
 

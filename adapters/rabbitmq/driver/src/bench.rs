@@ -20,8 +20,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
-    fan_out_round, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, shared_subscription,
+    timed, unique,
 };
 
 /// The host's page size for a catch-up read (`host/src/log`).
@@ -393,38 +393,27 @@ impl Native {
         // One bound queue for the room, shared by every local subscriber, as the host does.
         let channel = self.confirming().await?;
         let exchange = self.exchange(&channel, "native-bp").await?;
-        let mut subscription = self.bound(&channel, &exchange, "room").await?;
-        let fan = std::sync::Arc::new(LocalFanOut::new(subscribers));
-        let listening = {
-            let fan = fan.clone();
-            tokio::spawn(async move {
-                while let Some(Ok(delivery)) = subscription.next().await {
-                    fan.deliver(std::sync::Arc::new(delivery.data));
-                }
-            })
-        };
-        let mut sample = timed(work.slice, || async {
-            fan_out_round(fan.received(), subscribers, async {
-                for _ in 0..FAN_OUT_PAYLOADS {
-                    channel
-                        .basic_publish(
-                            exchange.as_str().into(),
-                            "room".into(),
-                            BasicPublishOptions::default(),
-                            &work.payload,
-                            BasicProperties::default(),
-                        )
-                        .await?
-                        .await?;
-                }
-                Ok(())
-            })
-            .await
+        let deliveries = self
+            .bound(&channel, &exchange, "room")
+            .await?
+            .take_while(|d| futures::future::ready(d.is_ok()))
+            .filter_map(|d| futures::future::ready(d.ok().map(|d| std::sync::Arc::new(d.data))));
+        shared_subscription(work, subscribers, deliveries, || async {
+            for _ in 0..FAN_OUT_PAYLOADS {
+                channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        "room".into(),
+                        BasicPublishOptions::default(),
+                        &work.payload,
+                        BasicProperties::default(),
+                    )
+                    .await?
+                    .await?;
+            }
+            Ok(())
         })
-        .await?;
-        listening.abort();
-        sample.latencies.clear();
-        Ok(sample)
+        .await
     }
 }
 

@@ -11,8 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, LocalFanOut, NativeBench, QUEUE_BATCH, Sample, Workload,
-    fan_out_round, joined, timed, unique,
+    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
+    shared_subscription, timed, unique,
 };
 
 /// A client of the Redis server the broker uses.
@@ -231,38 +231,21 @@ impl Native {
         let channel = unique("native-room");
         let mut pubsub = self.client.get_async_pubsub().await?;
         pubsub.subscribe(&channel).await?;
-        let fan = std::sync::Arc::new(LocalFanOut::new(subscribers));
-        let listening = {
-            let fan = fan.clone();
-            tokio::spawn(async move {
-                let mut messages = pubsub.on_message();
-                while let Some(message) = messages.next().await {
-                    fan.deliver(std::sync::Arc::new(message.get_payload_bytes().to_vec()));
-                }
-            })
-        };
+        let deliveries = pubsub
+            .into_on_message()
+            .map(|message| std::sync::Arc::new(message.get_payload_bytes().to_vec()));
         let connection = self.connection().await?;
-        let mut sample = timed(work.slice, || {
-            let (mut connection, channel, payload, fan) = (
-                connection.clone(),
-                channel.clone(),
-                work.payload.clone(),
-                fan.clone(),
-            );
+        shared_subscription(work, subscribers, deliveries, || {
+            let (mut connection, channel, payload) =
+                (connection.clone(), channel.clone(), work.payload.clone());
             async move {
-                fan_out_round(fan.received(), subscribers, async {
-                    for _ in 0..FAN_OUT_PAYLOADS {
-                        let _: u64 = connection.publish(&channel, &payload).await?;
-                    }
-                    Ok(())
-                })
-                .await
+                for _ in 0..FAN_OUT_PAYLOADS {
+                    let _: u64 = connection.publish(&channel, &payload).await?;
+                }
+                Ok(())
             }
         })
-        .await?;
-        listening.abort();
-        sample.latencies.clear();
-        Ok(sample)
+        .await
     }
 }
 
