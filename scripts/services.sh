@@ -49,11 +49,6 @@ EOF
   wait_for 1883
 }
 
-start_kafka() {
-  "$here/kafka.sh" install
-  "$here/kafka.sh" start
-}
-
 ensure() { # name, port [start function, default start_<name>]
   if listening "$2"; then
     say "$1 answers on 127.0.0.1:$2"
@@ -72,5 +67,4 @@ for recipe in "$repo"/adapters/*/server.sh; do
   ensure "$name" "$server_port" start_server
 done
 ensure mosquitto 1883
-ensure kafka 9092
 say "redis 6379, nats 4222, rabbitmq 5672, mosquitto 1883 and kafka 9092 answer on 127.0.0.1"

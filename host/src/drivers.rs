@@ -25,6 +25,8 @@ pub fn registry() -> &'static [&'static dyn Driver] {
         &wrpc_driver_nats::Nats,
         #[cfg(feature = "rabbitmq")]
         &wrpc_driver_rabbitmq::RabbitMq,
+        #[cfg(feature = "kafka")]
+        &wrpc_driver_kafka::Kafka,
     ]
 }
 

@@ -3,7 +3,8 @@
 //! component that traps on every 500th call. Every message is handled at least once, the reader
 //! sees every entry in order with no gap, and no API call fails; a service answers requests
 //! throughout. The same swapping between the Rust and the Python memory adapters, on Redis,
-//! NATS and RabbitMQ. And a service answers every request from concurrent
+//! NATS and RabbitMQ, and on Kafka (no direct there) with a single queue consumer. And a
+//! service answers every request from concurrent
 //! requesters while the adapter is swapped 100 times back to back, on each broker, to an
 //! ungrouped listener and to a group.
 
@@ -68,6 +69,17 @@ async fn twenty_swaps_under_load_lose_nothing_on_nats() {
 async fn twenty_swaps_under_load_lose_nothing_on_rabbitmq() {
     let (builder, wasm, options) = on_server("amqp://127.0.0.1:5672");
     let generation = workload(builder, vec![wasm], options, true, 2)
+        .await
+        .unwrap();
+    assert_eq!(generation, SWAPS as u32 + 1);
+}
+
+/// Kafka exports no direct, so no requests; one queue consumer, so at each swap the group
+/// loses its only member and gets a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_swaps_under_load_lose_nothing_on_kafka_with_one_consumer() {
+    let (builder, wasm, options) = on_server("kafka://127.0.0.1:9092");
+    let generation = workload(builder, vec![wasm], options, false, 1)
         .await
         .unwrap();
     assert_eq!(generation, SWAPS as u32 + 1);
