@@ -4,6 +4,14 @@
 //! its partition and seeks back to it until it is due. A refused commit, tried again by the
 //! SDK, ends in a seek back to the last committed offset: everything after it is redelivered,
 //! never skipped, and the partition's older tags turn `stale`, as do a revoked partition's.
+//!
+//! Settlements of a batch run together: one commit at a time per partition, each covering
+//! the prefix settled by then, so a batch of acks costs a commit or two, not one each.
+//!
+//! After a seek, records the member fetched before it are still on their way (the member's
+//! event stream buffers them): until the record at the sought offset arrives, a partition's
+//! records are the old fetch's and are dropped. Taking one of them would skip the sought
+//! record, whose refetch would then look like a duplicate.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -14,7 +22,7 @@ use crate::inbox::Inbox;
 use crate::wrpc::kafka::client::{self, Incoming, MemberEvent, TopicPartition};
 use crate::{Config, debug, kafka_error, topics};
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
-use wrpc_broker_guest::signal::Latch;
+use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, headers, host, now_ms};
 
 /// How long one receive waits for a record, in milliseconds.
@@ -46,6 +54,11 @@ struct Part {
     committed: Option<u64>,
     /// The due time of the retry copy the partition waits for, paused.
     waiting: Option<u64>,
+    /// The offset the member was sought to and has not delivered since: records before it
+    /// arrives are the old fetch's.
+    sought: Option<u64>,
+    /// A commit of this partition is on its way.
+    committing: bool,
 }
 
 /// The live group member.
@@ -63,6 +76,8 @@ pub(crate) struct KafkaConsumer {
     parts: RefCell<HashMap<Key, Part>>,
     ready: RefCell<VecDeque<Incoming>>,
     next_epoch: Cell<u64>,
+    /// Fires when a commit ended.
+    commits: Notify,
 }
 
 /// The WIT topic partition of `key`.
@@ -84,6 +99,7 @@ impl KafkaConsumer {
             parts: RefCell::new(HashMap::new()),
             ready: RefCell::new(VecDeque::new()),
             next_epoch: Cell::new(1),
+            commits: Notify::new(),
         }
     }
 
@@ -131,6 +147,8 @@ impl KafkaConsumer {
                             next: None,
                             committed: None,
                             waiting: None,
+                            sought: None,
+                            committing: false,
                         };
                         self.parts.borrow_mut().insert((t.topic, t.partition), part);
                     }
@@ -155,20 +173,23 @@ impl KafkaConsumer {
         }
     }
 
-    /// Resume the partitions whose waiting retry copy is due.
+    /// Resume the partitions whose waiting retry copy is due, fetching again from that copy.
     async fn resume_due(&self, member: u64) {
         let now = now_ms();
-        let due: Vec<Key> = self
+        let due: Vec<(Key, Option<u64>)> = self
             .parts
             .borrow_mut()
             .iter_mut()
             .filter(|(_, p)| p.waiting.is_some_and(|at| at <= now))
             .map(|(k, p)| {
                 p.waiting = None;
-                k.clone()
+                (k.clone(), p.sought)
             })
             .collect();
-        for key in due {
+        for (key, sought) in due {
+            if let Some(offset) = sought {
+                let _ = client::seek(member, tp(&key), offset).await;
+            }
             let _ = client::pause(member, tp(&key), false).await;
         }
     }
@@ -196,6 +217,12 @@ impl KafkaConsumer {
             if part.waiting.is_some() || part.next.is_some_and(|n| r.offset < n) {
                 continue;
             }
+            if let Some(sought) = part.sought {
+                if r.offset != sought {
+                    continue;
+                }
+                part.sought = None;
+            }
             part.committed.get_or_insert(r.offset);
             let due = headers::get(&r.headers, NOT_BEFORE)
                 .and_then(|v| std::str::from_utf8(v).ok())
@@ -203,6 +230,7 @@ impl KafkaConsumer {
             if let Some(at) = due.filter(|at| *at > now) {
                 part.waiting = Some(at);
                 part.next = Some(r.offset);
+                part.sought = Some(r.offset);
                 hold_back.push((key, r.offset));
                 continue;
             }
@@ -230,46 +258,82 @@ impl KafkaConsumer {
         out
     }
 
-    /// Settle `held` in its partition's ledger and commit the settled prefix.
+    /// Settle `held` in its partition's ledger and see the settled prefix committed: by this
+    /// call, or by the commit on its way when that one covers it.
     async fn settle(&self, held: &Handle) -> Result<(), Error> {
         let key = (held.topic.clone(), held.partition);
-        let commit = {
+        let stale = || {
+            Error::stale(format!(
+                "{}/{} was revoked or sought back: offset {} is redelivered",
+                key.0, key.1, held.offset
+            ))
+        };
+        let wanted = {
             let mut parts = self.parts.borrow_mut();
             let part = parts
                 .get_mut(&key)
                 .filter(|p| p.epoch == held.epoch)
-                .ok_or_else(|| {
-                    Error::stale(format!(
-                        "{}/{} was revoked or sought back: offset {} is redelivered",
-                        key.0, key.1, held.offset
-                    ))
-                })?;
+                .ok_or_else(stale)?;
             part.held.remove(&held.offset);
-            let prefix = part
-                .held
-                .first()
-                .copied()
-                .or(part.next)
-                .unwrap_or(held.offset + 1);
-            (part.committed.is_none_or(|c| c < prefix)).then_some(prefix)
+            Self::prefix(part, held.offset)
         };
-        let Some(prefix) = commit else {
-            return Ok(());
-        };
-        client::commit(self.member_id()?, vec![(tp(&key), prefix)])
-            .await
-            .map_err(kafka_error)?;
-        if let Some(part) = self.parts.borrow_mut().get_mut(&key)
-            && part.epoch == held.epoch
-        {
-            part.committed = Some(part.committed.map_or(prefix, |c| c.max(prefix)));
+        loop {
+            let notified = self.commits.notified();
+            let target = {
+                let mut parts = self.parts.borrow_mut();
+                let part = parts
+                    .get_mut(&key)
+                    .filter(|p| p.epoch == held.epoch)
+                    .ok_or_else(stale)?;
+                if part.committed.is_some_and(|c| c >= wanted) {
+                    return Ok(());
+                }
+                if part.committing {
+                    None
+                } else {
+                    part.committing = true;
+                    Some(Self::prefix(part, held.offset))
+                }
+            };
+            let Some(target) = target else {
+                notified.await;
+                continue;
+            };
+            let committed = self.commit(&key, target).await;
+            if let Some(part) = self.parts.borrow_mut().get_mut(&key)
+                && part.epoch == held.epoch
+            {
+                part.committing = false;
+                if committed.is_ok() {
+                    part.committed = Some(part.committed.map_or(target, |c| c.max(target)));
+                }
+            }
+            self.commits.notify();
+            return committed;
         }
-        Ok(())
+    }
+
+    /// The offset `part` may commit: its lowest held one, or the next to deliver.
+    fn prefix(part: &Part, settled: u64) -> u64 {
+        part.held
+            .first()
+            .copied()
+            .or(part.next)
+            .unwrap_or(settled + 1)
+    }
+
+    /// Commit `offset` on `key`.
+    async fn commit(&self, key: &Key, offset: u64) -> Result<(), Error> {
+        client::commit(self.member_id()?, vec![(tp(key), offset)])
+            .await
+            .map_err(kafka_error)
     }
 }
 
 impl queue::Broker for KafkaConsumer {
     type Handle = Handle;
+    // Acks of a batch settle together; their commits coalesce per partition (`settle`).
+    const CONCURRENT_SETTLES: bool = true;
 
     fn keep_alive_ms(&self) -> u32 {
         // Nothing to extend: a partition's records stay with its member until a rebalance.
@@ -360,6 +424,10 @@ impl queue::Broker for KafkaConsumer {
             part.held.clear();
             part.next = Some(back);
             part.waiting = None;
+            part.sought = Some(back);
+            // A commit of the old incarnation may still be on its way; it no longer holds
+            // this one's settlements back.
+            part.committing = false;
             back
         };
         self.ready
