@@ -117,7 +117,27 @@ impl ConsumerShared {
     ) -> QueueDrain {
         let started = Instant::now();
         let old = session.instance.clone();
-        let mut poll = tokio::time::interval(DRAIN_POLL);
+        // The old broker is asked for its depth beside the handling, never in its way: a depth
+        // that takes long to answer (Kafka's reads every topic's committed offsets) must not
+        // hold the next batch back.
+        let (depth_tx, mut depths) = mpsc::channel(1);
+        let asking = {
+            let (old, queue) = (old.clone(), self.queue.clone());
+            tokio::spawn(async move {
+                let mut poll = tokio::time::interval(DRAIN_POLL);
+                poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    poll.tick().await;
+                    if depth_tx
+                        .send(old.queue_depth(queue.clone()).await)
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            })
+        };
         let mut depth = None;
         loop {
             tokio::select! {
@@ -142,7 +162,7 @@ impl ConsumerShared {
                         }
                     }
                 },
-                _ = poll.tick() => match old.queue_depth(self.queue.clone()).await {
+                Some(answer) = depths.recv() => match answer {
                     Ok(0) => {
                         depth = Some(0);
                         break;
@@ -152,6 +172,7 @@ impl ConsumerShared {
                 },
             }
         }
+        asking.abort();
         self.drain(&session, deliveries).await;
         let left = if depth == Some(0) {
             0
