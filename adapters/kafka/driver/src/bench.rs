@@ -1,9 +1,15 @@
 //! The native side for Kafka: what the Kafka adapter issues, issued directly with `rdkafka`:
 //! idempotent `acks=all` produces awaiting each delivery report to a one-partition topic for
-//! the log; a batch produced to a four-partition topic, consumed by a range-assigned group
-//! member that commits each message's next offset synchronously for the queue; produces keyed
-//! by channel to a one-partition topic read by an assign-mode reader from the high watermark
-//! for the backplane. There is no direct row (the adapter exports no direct).
+//! the log; catch-up as the adapter's `range`: per page of 256, the watermarks and an
+//! assign-mode reader from the page's offset, closed in the background after the page (as the
+//! driver's readers are); a live read by one assign-mode reader from the high watermark; for
+//! the queue, a batch produced at once to a four-partition topic (the host's produce batch,
+//! every delivery report awaited), consumed by a range-assigned group member that commits
+//! synchronously, once per `prefetch` records, the next offset of each partition they came
+//! from (the adapter's settlements of a batch share a commit per partition); produces keyed by
+//! channel to a one-partition topic read by one assign-mode reader from the high watermark,
+//! its payloads fanned out locally, for the backplane. There is no direct row (the adapter
+//! exports no direct).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,11 +24,14 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::client::{self, blocking, consumer_config};
 use wrpc_broker_runtime::bench::{
-    BenchFuture, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, unique,
+    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
+    shared_subscription, timed, unique,
 };
 
 /// How long the bench waits for one record.
 const WAIT: Duration = Duration::from_secs(10);
+/// The host's page size for a catch-up read (`host/src/log`).
+const PAGE: u64 = 256;
 
 /// Clients of the cluster the broker uses.
 pub struct Native {
@@ -104,7 +113,6 @@ impl Native {
     }
 
     pub async fn queue_round_trip(&self, work: &Workload, prefetch: u32) -> anyhow::Result<Sample> {
-        let _ = prefetch;
         let name = unique("native-queue");
         self.topic(&name, 4).await?;
         let mut config = consumer_config(&self.bootstrap, &name);
@@ -114,18 +122,27 @@ impl Native {
         let mut sample = Sample::default();
         let started = Instant::now();
         while started.elapsed() < work.slice {
-            for _ in 0..QUEUE_BATCH {
-                self.send(&name, None, &work.payload).await?;
+            let sends = (0..QUEUE_BATCH).map(|_| self.send(&name, None, &work.payload));
+            for sent in futures::future::join_all(sends).await {
+                sent?;
             }
-            for _ in 0..QUEUE_BATCH {
-                let (topic, partition, offset) = {
+            // Each `prefetch` records taken, one commit of the next offset of every partition
+            // they came from: what the adapter's coalesced commits of a settled batch amount to.
+            let mut next: std::collections::BTreeMap<(String, i32), i64> = Default::default();
+            for taken in 1..=QUEUE_BATCH {
+                {
                     let m = tokio::time::timeout(WAIT, consumer.recv())
                         .await
                         .context("no record within 10 s")??;
-                    (m.topic().to_string(), m.partition(), m.offset())
-                };
+                    next.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+                }
+                if !taken.is_multiple_of(u64::from(prefetch.max(1))) && taken < QUEUE_BATCH {
+                    continue;
+                }
                 let mut list = TopicPartitionList::new();
-                list.add_partition_offset(&topic, partition, Offset::Offset(offset + 1))?;
+                for ((topic, partition), offset) in std::mem::take(&mut next) {
+                    list.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
+                }
                 let consumer = consumer.clone();
                 blocking(move || {
                     consumer
@@ -147,55 +164,118 @@ impl Native {
         Ok(sample)
     }
 
-    pub async fn fan_out(
-        &self,
-        work: &Workload,
-        subscribers: usize,
-    ) -> anyhow::Result<Option<Sample>> {
-        // One reader per subscription, as the adapter's; the 1000-subscriber row has no
-        // native side.
-        if subscribers != 1 {
-            return Ok(None);
-        }
-        let name = unique("native-bp");
-        self.topic(&name, 1).await?;
-        let reader: StreamConsumer = consumer_config(&self.bootstrap, "wrpc-readers").create()?;
-        // From the beginning of the fresh topic: `End` resolves only when the reader first
-        // fetches, after the first round's records may already be there.
+    /// An assign-mode reader of partition 0 of `topic` from `offset`, as the adapter's.
+    fn reader(&self, topic: &str, offset: Offset) -> anyhow::Result<StreamConsumer> {
+        let mut config = consumer_config(&self.bootstrap, "wrpc-readers");
+        config.set("auto.offset.reset", "error");
+        let reader: StreamConsumer = config.create()?;
         let mut list = TopicPartitionList::new();
-        list.add_partition_offset(&name, 0, Offset::Beginning)?;
+        list.add_partition_offset(topic, 0, offset)?;
         reader.assign(&list)?;
-        let mut sample = Sample::default();
-        let started = Instant::now();
-        {
-            let mut records = reader.stream();
-            while started.elapsed() < work.slice {
-                for _ in 0..FAN_OUT_PAYLOADS {
-                    self.send(&name, Some(b"room"), &work.payload).await?;
-                }
-                let mut got = 0;
-                while got < FAN_OUT_PAYLOADS {
-                    let m = tokio::time::timeout(WAIT, records.next())
-                        .await
-                        .context("no payload within 10 s")?
-                        .context("the reader ended")??;
-                    ensure!(
-                        m.key() == Some(b"room".as_slice()),
-                        "a record of another channel"
-                    );
-                    got += 1;
-                }
-                sample.ops += FAN_OUT_PAYLOADS;
-            }
-        }
-        sample.elapsed = started.elapsed();
+        Ok(reader)
+    }
+
+    /// Close `reader` off the runtime (closing blocks).
+    async fn close(reader: StreamConsumer) {
         let _ = blocking(move || {
             drop(reader);
             Ok(())
         })
         .await;
+    }
+
+    /// Take `count` records from `reader`.
+    async fn take(reader: &StreamConsumer, count: u64) -> anyhow::Result<()> {
+        for _ in 0..count {
+            tokio::time::timeout(WAIT, reader.recv())
+                .await
+                .context("no record within 10 s")??;
+        }
+        Ok(())
+    }
+
+    /// The high watermark of partition 0 of `topic`.
+    async fn high(&self, topic: &str) -> anyhow::Result<i64> {
+        let (producer, topic) = (self.producer.clone(), topic.to_string());
+        let (_, high) = blocking(move || {
+            use rdkafka::producer::Producer as _;
+            producer
+                .client()
+                .fetch_watermarks(&topic, 0, crate::client::CALL_TIMEOUT)
+                .map_err(crate::convert::error)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("watermarks: {e:?}"))?;
+        Ok(high)
+    }
+
+    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = unique("native-catchup");
+        self.topic(&name, 1).await?;
+        for _ in 0..CATCH_UP / 250 {
+            let sends = (0..250).map(|_| self.send(&name, None, &work.payload));
+            for sent in futures::future::join_all(sends).await {
+                sent?;
+            }
+        }
+        let sample = timed(work.slice, || async {
+            let mut read = 0u64;
+            while read < CATCH_UP as u64 {
+                let high = self.high(&name).await?;
+                ensure!(high >= CATCH_UP as i64, "{name}: high watermark {high}");
+                let reader = self.reader(&name, Offset::Offset(read as i64))?;
+                let page = PAGE.min(CATCH_UP as u64 - read);
+                let taken = Self::take(&reader, page).await;
+                // As the driver's readers: closed off the runtime, not waited for.
+                tokio::task::spawn_blocking(move || drop(reader));
+                taken?;
+                read += page;
+            }
+            Ok(read)
+        })
+        .await;
         self.drop_topic(&name).await?;
-        Ok(Some(sample))
+        sample
+    }
+
+    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = unique("native-live");
+        self.topic(&name, 1).await?;
+        let reader = self.reader(&name, Offset::Offset(self.high(&name).await?))?;
+        let sample = timed(work.slice, || async {
+            self.send(&name, None, &work.payload).await?;
+            Self::take(&reader, 1).await?;
+            Ok(1)
+        })
+        .await;
+        Self::close(reader).await;
+        self.drop_topic(&name).await?;
+        sample
+    }
+
+    pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
+        // One reader for the channel, shared by every local subscriber, as the host does.
+        let name = unique("native-bp");
+        self.topic(&name, 1).await?;
+        let reader = self.reader(&name, Offset::Offset(self.high(&name).await?))?;
+        let deliveries = futures::stream::unfold(reader, |reader| async move {
+            let payload = match reader.recv().await {
+                Ok(m) if m.key() == Some(b"room".as_slice()) => m.payload().map(<[u8]>::to_vec),
+                Ok(_) => None,
+                Err(_) => return None,
+            };
+            Some((payload, reader))
+        })
+        .filter_map(|payload| futures::future::ready(payload.map(Arc::new)));
+        let sample = shared_subscription(work, subscribers, deliveries, || async {
+            for _ in 0..FAN_OUT_PAYLOADS {
+                self.send(&name, Some(b"room"), &work.payload).await?;
+            }
+            Ok(())
+        })
+        .await;
+        self.drop_topic(&name).await?;
+        sample
     }
 }
 
@@ -211,7 +291,15 @@ impl NativeBench for Shared {
         Box::pin(async move { self.0.queue_round_trip(work, prefetch).await.map(Some) })
     }
 
+    fn log_catch_up<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        Box::pin(async move { self.0.log_catch_up(work).await.map(Some) })
+    }
+
+    fn log_live<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        Box::pin(async move { self.0.log_live(work).await.map(Some) })
+    }
+
     fn fan_out<'a>(&'a self, work: &'a Workload, subscribers: usize) -> BenchFuture<'a> {
-        Box::pin(self.0.fan_out(work, subscribers))
+        Box::pin(async move { self.0.fan_out(work, subscribers).await.map(Some) })
     }
 }
