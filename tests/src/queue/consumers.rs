@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure};
 use wrpc_broker::{ConsumeOptions, Delivery, ProduceOptions};
 
-use super::{produce_n, raw_consumer, recorder, text, until_seen};
+use super::{produce_n, raw_consumer, recorder, text, until_seen, working_recorder};
 use crate::support::{ARRIVAL, SILENCE, recv, unique};
 use crate::{Factory, ensure_eq};
 
@@ -19,8 +19,13 @@ pub(super) async fn competing_consumers_on_two_instances_share_the_work(
     let a = f.instance().await?;
     let b = f.instance().await?;
     let name = unique("shared");
-    let (ca, seen_a, _) = recorder(&a.queue()?, &name, 8).await?;
-    let (cb, seen_b, _) = recorder(&b.queue()?, &name, 8).await?;
+    // Handling takes a little time, as work does: one consumer alone needs 400 / 8 × 5 ms =
+    // 250 ms, so the other one (woken by the same produce) gets some even if a loaded machine
+    // schedules it late. With instant handlers one consumer could drain the queue before the
+    // other ran at all, which says nothing about the adapter.
+    let work = Duration::from_millis(5);
+    let (ca, seen_a, _) = working_recorder(&a.queue()?, &name, 8, work).await?;
+    let (cb, seen_b, _) = working_recorder(&b.queue()?, &name, 8, work).await?;
     produce_n(&a.queue()?, &name, 400).await?;
     let deadline = Instant::now() + ARRIVAL;
     while seen_a.lock().unwrap().len() + seen_b.lock().unwrap().len() < 400

@@ -95,6 +95,20 @@ async fn recorder(
     Seen,
     mpsc::UnboundedReceiver<(String, u32)>,
 )> {
+    working_recorder(queue, name, prefetch, Duration::ZERO).await
+}
+
+/// [`recorder`] whose handler takes `work` for each delivery before acking it.
+async fn working_recorder(
+    queue: &Queue,
+    name: &str,
+    prefetch: u32,
+    work: Duration,
+) -> anyhow::Result<(
+    wrpc_broker::Consumer,
+    Seen,
+    mpsc::UnboundedReceiver<(String, u32)>,
+)> {
     let seen: Seen = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
     let record = seen.clone();
@@ -106,6 +120,9 @@ async fn recorder(
                 async move {
                     record.lock().unwrap().push((text(&d), d.attempt));
                     let _ = tx.send((text(&d), d.attempt));
+                    if !work.is_zero() {
+                        tokio::time::sleep(work).await;
+                    }
                     Ok(())
                 }
             },
