@@ -82,6 +82,10 @@ enum Command {
         /// Seconds spent on each operation (both sides together).
         #[arg(long, value_name = "S", default_value_t = 2.0)]
         duration: f64,
+        /// Also measure resident memory per idle log reader, topic tail and queue consumer at
+        /// these counts (e.g. `1,1000,10000`).
+        #[arg(long, value_name = "N,N,…", value_delimiter = ',')]
+        scale: Vec<usize>,
     },
     /// Serve the four capabilities over HTTP until SIGTERM, configured by a TOML file; an edit
     /// of the file (or SIGHUP) swaps the adapter or migrates the broker of the running host.
@@ -155,17 +159,22 @@ impl Cli {
                 adapter,
                 size,
                 duration,
+                scale,
             } => {
                 let config = bench::BenchConfig {
                     broker,
                     adapter,
                     size,
                     duration: Duration::from_secs_f64(duration),
+                    scale,
                 };
                 let (rows, extras) = bench::run(&config).await?;
                 println!("{}", bench::stats::table(&rows));
                 print!("{}", bench::load_table(&extras.load));
                 print!("{}", bench::swap_table(&extras.swap));
+                if !extras.scale.is_empty() {
+                    print!("{}", bench::scale::scale_table(&extras.scale));
+                }
                 Ok(())
             }
             Command::Soak {

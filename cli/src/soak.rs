@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+use crate::bench::scale::rss_bytes;
 use wrpc_broker::{
     AppendOptions, Broker, ConsumeOptions, Error, ListenOptions, ProduceOptions, ReadFrom,
 };
@@ -346,18 +348,6 @@ fn line(started: Instant, counts: &Counts, broker: &Broker, chaos: Option<&Broke
         chaos.map_or(0, |c| c.adapter().generation().saturating_sub(1)),
         load(&counts.errors),
     )
-}
-
-/// The process's resident set (Linux `/proc/self/status`), 0 elsewhere.
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// Open file descriptors of the process (Linux `/proc/self/fd`), 0 elsewhere.

@@ -17,6 +17,8 @@ pub struct Extras {
     pub load: LoadTimes,
     /// Append latency during hot swaps and outside them.
     pub swap: SwapPause,
+    /// Resident memory per idle reader, tail and consumer (`--scale`).
+    pub scale: Vec<super::scale::ScaleRow>,
 }
 
 /// Append latency while the adapter is swapped underneath, against the rest of the run.

@@ -6,6 +6,7 @@
 //! what the adapter issues. Speed is measured here, never asserted in a test.
 
 mod extras;
+pub mod scale;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -19,8 +20,8 @@ use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceO
 use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round,
-    floor_call, joined, timed, unique,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
+    fan_out_round, floor_call, joined, timed, unique,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -36,6 +37,8 @@ pub struct BenchConfig {
     pub size: usize,
     /// Time spent on each operation (split between the two sides, alternating).
     pub duration: Duration,
+    /// Counts for the scale rows (none: no scale rows).
+    pub scale: Vec<usize>,
 }
 
 /// Rounds per operation: component, native, component, native, …
@@ -135,6 +138,14 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     measure!(
         exports.log,
         "log",
+        format!("log append, batches of {APPEND_BATCH}"),
+        "entries",
+        log_append_batch(&setup),
+        |n| n.log_append_batch(&setup.work)
+    );
+    measure!(
+        exports.log,
+        "log",
         "log read, catch-up 10k",
         "entries",
         log_catch_up(&setup),
@@ -179,7 +190,8 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     eprintln!("bench: swap pause");
     let swap = swap_pause(&setup, config).await?;
     let load = load_times(config).await?;
-    Ok((rows, Extras { load, swap }))
+    let scale = scale::run(&config.scale, || open(config, &url)).await?;
+    Ok((rows, Extras { load, swap, scale }))
 }
 
 async fn trivial_call(setup: &Setup) -> anyhow::Result<Sample> {
@@ -214,6 +226,22 @@ async fn log_append(setup: &Setup, in_flight: usize) -> anyhow::Result<Sample> {
     });
     let sample = joined(started, workers).await?;
     Ok(sample)
+}
+
+async fn log_append_batch(setup: &Setup) -> anyhow::Result<Sample> {
+    let log = setup.a.log()?;
+    let topic = unique("batch");
+    timed(setup.work.slice, || {
+        let (log, topic) = (log.clone(), topic.clone());
+        let batch = (0..APPEND_BATCH)
+            .map(|_| (setup.work.payload.clone(), AppendOptions::default()))
+            .collect();
+        async move {
+            log.append_batch(&topic, batch).await?;
+            Ok(APPEND_BATCH as u64)
+        }
+    })
+    .await
 }
 
 async fn log_catch_up(setup: &Setup) -> anyhow::Result<Sample> {

@@ -24,6 +24,8 @@ pub struct Workload {
 pub const CATCH_UP: usize = 10_000;
 /// Messages per queue round.
 pub const QUEUE_BATCH: u64 = 1000;
+/// Entries in one batch of the large-batch append row.
+pub const APPEND_BATCH: usize = 1000;
 /// Payloads published per fan-out round.
 pub const FAN_OUT_PAYLOADS: u64 = 100;
 
@@ -77,6 +79,12 @@ pub trait NativeBench: Send + Sync {
     /// Appends to one log, `in_flight` at a time.
     fn log_append<'a>(&'a self, work: &'a Workload, in_flight: usize) -> BenchFuture<'a> {
         let _ = (work, in_flight);
+        none()
+    }
+
+    /// Appends batches of [`APPEND_BATCH`] entries to one log, one batch at a time.
+    fn log_append_batch<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        let _ = work;
         none()
     }
 

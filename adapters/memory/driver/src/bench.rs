@@ -9,8 +9,8 @@ use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, fan_out_round, joined,
-    timed, unique,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
+    fan_out_round, joined, timed, unique,
 };
 
 /// The memory store, used natively.
@@ -55,6 +55,17 @@ impl Native {
             })
         });
         joined(started, workers).await
+    }
+
+    pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let topic = unique("native-batch");
+        timed(work.slice, || async {
+            let batch = (0..APPEND_BATCH).map(|_| record(&work.payload)).collect();
+            self.store.log_append(&topic, "bench", MAX_ENTRIES, batch);
+            tokio::task::yield_now().await;
+            Ok(APPEND_BATCH as u64)
+        })
+        .await
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
@@ -219,6 +230,7 @@ impl Native {
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_append_batch(),
         log_catch_up(),
         log_live(),
         queue_round_trip(prefetch: u32),

@@ -1,0 +1,147 @@
+//! `bench --scale`: resident memory per idle thing at growing counts — log readers sharing one
+//! topic (one broker tail for all of them), readers each on a topic of its own (one broker
+//! tail each), queue consumers on one queue — the RSS the process gained divided by the count.
+//! Each kind runs on a host instance of its own (a fresh component, so its linear memory
+//! starts small), its things added cumulatively (1, then up to 1 000, then up to 10 000), and
+//! is dropped, with the freed heap handed back (`malloc_trim`), before the next kind.
+
+use std::time::Duration;
+
+use wrpc_broker::{Broker, ConsumeOptions, ReadFrom};
+
+use wrpc_broker::runtime::bench::unique;
+
+/// One measurement: `count` idle things of `kind`.
+#[derive(Debug, Clone)]
+pub struct ScaleRow {
+    /// What was counted.
+    pub kind: &'static str,
+    /// How many were live.
+    pub count: usize,
+    /// Resident set gained over the kind's baseline, per thing.
+    pub bytes_each: f64,
+    /// Resident set of the process at this count.
+    pub rss: u64,
+}
+
+/// Log readers sharing one topic: one broker tail for all of them.
+const SHARED_READER: &str = "log reader, one shared topic";
+/// Log readers each on a topic of its own: a broker tail each.
+const TOPIC_TAIL: &str = "topic tail, a topic each";
+/// Queue consumers on one queue.
+const CONSUMER: &str = "queue consumer, one queue";
+
+/// How long the process settles before its resident set is read.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The process's resident set (Linux `/proc/self/status`), 0 elsewhere.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Hand freed heap pages back to the system, so the next kind's baseline is not a heap full of
+/// the last one's free memory.
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator; no pointer is touched.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The resident set after the process settled.
+async fn settled_rss() -> u64 {
+    tokio::time::sleep(SETTLE).await;
+    rss_bytes()
+}
+
+/// Things kept alive while a kind is measured.
+enum Held {
+    Reader(#[allow(dead_code)] wrpc_broker::Reader),
+    Consumer(#[allow(dead_code)] wrpc_broker::Consumer),
+}
+
+/// Measure every kind at `counts` (ascending) on instances `open` makes.
+pub async fn run<F, Fut>(counts: &[usize], open: F) -> anyhow::Result<Vec<ScaleRow>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<Broker>>,
+{
+    let mut rows = Vec::new();
+    for kind in [SHARED_READER, TOPIC_TAIL, CONSUMER] {
+        let broker = open().await?;
+        let shared = unique("scale");
+        let mut held: Vec<Held> = Vec::new();
+        trim();
+        let baseline = settled_rss().await;
+        for &count in counts {
+            eprintln!("bench: scale: {kind}: {count}");
+            while held.len() < count {
+                let n = held.len();
+                held.push(match kind {
+                    SHARED_READER => {
+                        Held::Reader(broker.log()?.read(&shared, ReadFrom::Latest).await?)
+                    }
+                    TOPIC_TAIL => Held::Reader(
+                        broker
+                            .log()?
+                            .read(&format!("{shared}-{n}"), ReadFrom::Latest)
+                            .await?,
+                    ),
+                    _ => Held::Consumer(
+                        broker
+                            .queue()?
+                            .consume(
+                                &shared,
+                                |_| async { Ok(()) },
+                                ConsumeOptions {
+                                    prefetch: 1,
+                                    dead_letter: None,
+                                },
+                            )
+                            .await?,
+                    ),
+                });
+            }
+            let rss = settled_rss().await;
+            rows.push(ScaleRow {
+                kind,
+                count,
+                bytes_each: rss.saturating_sub(baseline) as f64 / count as f64,
+                rss,
+            });
+        }
+        for thing in held.drain(..) {
+            if let Held::Consumer(consumer) = thing {
+                consumer.stop().await;
+            }
+        }
+        broker.close();
+        trim();
+    }
+    Ok(rows)
+}
+
+/// The scale rows as a Markdown table.
+pub fn scale_table(rows: &[ScaleRow]) -> String {
+    let mut out = String::from(
+        "\n| idle thing | count | RSS gained per thing | process RSS |\n|---|---:|---:|---:|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {:.1} KiB | {:.1} MiB |\n",
+            r.kind,
+            r.count,
+            r.bytes_each / 1024.0,
+            r.rss as f64 / (1 << 20) as f64
+        ));
+    }
+    out
+}
