@@ -118,11 +118,12 @@ where
                 rss,
             });
         }
-        for thing in held.drain(..) {
-            if let Held::Consumer(consumer) = thing {
-                consumer.stop().await;
-            }
-        }
+        // Stopped together: each stop waits for its consumer's receive (up to 250 ms).
+        let stops = held.drain(..).filter_map(|thing| match thing {
+            Held::Consumer(consumer) => Some(async move { consumer.stop().await }),
+            Held::Reader(_) => None,
+        });
+        futures::future::join_all(stops).await;
         broker.close();
         trim();
     }

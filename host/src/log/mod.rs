@@ -93,8 +93,9 @@ pub enum ReadFrom {
 const PAGE: u32 = 256;
 /// Appends carried by one adapter call at most.
 const MAX_APPEND_BATCH: usize = 256;
-/// Entries a topic tail buffers for its local readers before a slow one lags.
-const TAIL_BUFFER: usize = 1024;
+/// Batches (of the adapter's tail stream, up to its batch size each) a topic tail buffers for
+/// its local readers before a slow one lags and reads pages instead.
+const TAIL_BUFFER: usize = 128;
 /// Entries buffered per reader between its task and its consumer.
 const READER_BUFFER: usize = 256;
 /// Attempts at a catch-up page when the adapter is being replaced (trap, timeout).

@@ -132,8 +132,8 @@ impl ReaderTask {
                 }
                 continue;
             };
-            let entry = match subscription.recv().await {
-                Ok(TailEvent::Entry(entry)) => entry,
+            let entries = match subscription.recv().await {
+                Ok(TailEvent::Entries(entries)) => entries,
                 Ok(TailEvent::Gap) => {
                     if self.catch_up().await.is_err() {
                         return;
@@ -156,21 +156,23 @@ impl ReaderTask {
                     continue;
                 }
             };
-            if let Some(next) = self.cursor.expects(&entry.pos) {
-                if entry.pos.offset < next {
-                    continue;
-                }
-                if entry.pos.offset > next {
-                    if self.catch_up().await.is_err() {
-                        return;
-                    }
-                    if !self.cursor.is_new(&entry.pos) {
+            for entry in entries.iter() {
+                if let Some(next) = self.cursor.expects(&entry.pos) {
+                    if entry.pos.offset < next {
                         continue;
                     }
+                    if entry.pos.offset > next {
+                        if self.catch_up().await.is_err() {
+                            return;
+                        }
+                        if !self.cursor.is_new(&entry.pos) {
+                            continue;
+                        }
+                    }
                 }
-            }
-            if self.deliver((*entry).clone()).await.is_err() {
-                return;
+                if self.deliver(entry.clone()).await.is_err() {
+                    return;
+                }
             }
         }
     }

@@ -16,8 +16,10 @@ use crate::slot::AdapterSlot;
 /// What a topic tail broadcasts to its local readers.
 #[derive(Clone)]
 pub(super) enum TailEvent {
-    /// The next entry from the adapter's tail.
-    Entry(Arc<wit::Entry>),
+    /// The next entries from the adapter's tail, as one batch of its stream: a slot of the
+    /// broadcast holds a batch, so the buffer costs a few KiB per topic however many entries
+    /// it holds.
+    Entries(Arc<[wit::Entry]>),
     /// The tail was re-established past entries it never delivered: read them from pages.
     Gap,
 }
@@ -95,7 +97,10 @@ impl TopicTail {
                 Some(entries) => {
                     let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     let Some(tx) = tx else { break };
-                    for entry in entries {
+                    if entries.is_empty() {
+                        continue;
+                    }
+                    for entry in &entries {
                         {
                             let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
                             let next = head
@@ -113,8 +118,8 @@ impl TopicTail {
                             *next = (*next).max(entry.pos.offset + 1);
                             head.last_id = Some(entry.id.clone());
                         }
-                        let _ = tx.send(TailEvent::Entry(Arc::new(entry)));
                     }
+                    let _ = tx.send(TailEvent::Entries(entries.into()));
                 }
                 None => match self.reestablish(&slot, &topic).await {
                     Some(new_rx) => rx = new_rx,
