@@ -20,6 +20,8 @@ pub struct ScaleRow {
     pub count: usize,
     /// Resident set gained over the kind's baseline, per thing.
     pub bytes_each: f64,
+    /// Of that, what the components' linear memories gained, per thing.
+    pub linear_each: f64,
     /// Resident set of the process at this count.
     pub rss: u64,
 }
@@ -46,6 +48,46 @@ pub fn rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The resident part of the components' linear memories, from `/proc/self/smaps` (0
+/// elsewhere): each read-write mapping followed directly by an inaccessible one of at least
+/// [`GUARD`] — wasmtime reserves a 32-bit memory's whole address range and makes only its
+/// accessible pages readable, and nothing else in the process has such a guard behind it.
+pub fn linear_rss_bytes() -> u64 {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    // (start, end, read-write, inaccessible, resident bytes) of each mapping, in address order.
+    let mut maps: Vec<(u64, u64, bool, bool, u64)> = Vec::new();
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(first), Some(second)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if let Some((from, to)) = first.split_once('-')
+            && let (Ok(from), Ok(to)) = (u64::from_str_radix(from, 16), u64::from_str_radix(to, 16))
+        {
+            maps.push((
+                from,
+                to,
+                second.starts_with("rw"),
+                second.starts_with("---"),
+                0,
+            ));
+        } else if first == "Rss:"
+            && let Some(last) = maps.last_mut()
+        {
+            last.4 = second.parse::<u64>().unwrap_or(0) * 1024;
+        }
+    }
+    maps.windows(2)
+        .filter(|w| w[0].2 && w[1].3 && w[1].0 == w[0].1 && w[1].1 - w[1].0 >= GUARD)
+        .map(|w| w[0].4)
+        .sum()
+}
+
+/// The smallest inaccessible mapping taken for a linear memory's guard (1 GiB).
+const GUARD: u64 = 1 << 30;
+
 /// Hand freed heap pages back to the system, so the next kind's baseline is not a heap full of
 /// the last one's free memory.
 fn trim() {
@@ -56,10 +98,10 @@ fn trim() {
     }
 }
 
-/// The resident set after the process settled.
-async fn settled_rss() -> u64 {
+/// The resident set, and its linear-memory part, after the process settled.
+async fn settled_rss() -> (u64, u64) {
     tokio::time::sleep(SETTLE).await;
-    rss_bytes()
+    (rss_bytes(), linear_rss_bytes())
 }
 
 /// Things kept alive while a kind is measured.
@@ -110,11 +152,12 @@ where
                     ),
                 });
             }
-            let rss = settled_rss().await;
+            let (rss, linear) = settled_rss().await;
             rows.push(ScaleRow {
                 kind,
                 count,
-                bytes_each: rss.saturating_sub(baseline) as f64 / count as f64,
+                bytes_each: rss.saturating_sub(baseline.0) as f64 / count as f64,
+                linear_each: linear.saturating_sub(baseline.1) as f64 / count as f64,
                 rss,
             });
         }
@@ -133,14 +176,15 @@ where
 /// The scale rows as a Markdown table.
 pub fn scale_table(rows: &[ScaleRow]) -> String {
     let mut out = String::from(
-        "\n| idle thing | count | RSS gained per thing | process RSS |\n|---|---:|---:|---:|\n",
+        "\n| idle thing | count | RSS gained per thing | of which linear memory | process RSS |\n|---|---:|---:|---:|---:|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {:.1} KiB | {:.1} MiB |\n",
+            "| {} | {} | {:.1} KiB | {:.1} KiB | {:.1} MiB |\n",
             r.kind,
             r.count,
             r.bytes_each / 1024.0,
+            r.linear_each / 1024.0,
             r.rss as f64 / (1 << 20) as f64
         ));
     }
