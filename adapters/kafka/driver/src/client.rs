@@ -4,14 +4,14 @@
 //! blocking pool.
 
 use std::ffi::{CStr, CString};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::bindings as rdsys;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -22,6 +22,8 @@ use crate::convert;
 
 /// How long a metadata-like call may take.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait before asking again for a partition whose leader is not known yet.
+const LEADER_WAIT: Duration = Duration::from_millis(50);
 /// Records a reader's stream holds before its task waits for the guest to read.
 const READER_BUFFER: usize = 1024;
 
@@ -190,9 +192,7 @@ impl KafkaDriver {
             match answer {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => {
-                    return Err(
-                        convert::error(rdkafka::error::KafkaError::AdminOp(code)).with_topic(&name)
-                    );
+                    return Err(convert::error(KafkaError::AdminOp(code)).with_topic(&name));
                 }
             }
         }
@@ -212,9 +212,7 @@ impl KafkaDriver {
             match answer {
                 Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
                 Err((name, code)) => {
-                    return Err(
-                        convert::error(rdkafka::error::KafkaError::AdminOp(code)).with_topic(&name)
-                    );
+                    return Err(convert::error(KafkaError::AdminOp(code)).with_topic(&name));
                 }
             }
         }
@@ -239,6 +237,9 @@ impl KafkaDriver {
     }
 
     /// Every partition's watermarks.
+    ///
+    /// A partition whose leader is not known yet (a topic created a moment ago, a leader being
+    /// elected) is asked again until [`CALL_TIMEOUT`] has passed.
     pub(crate) async fn watermarks(
         &self,
         topic: String,
@@ -246,29 +247,15 @@ impl KafkaDriver {
         let driver = self.clone();
         blocking(move || {
             let client = driver.shared.producer.client();
-            let metadata = client
-                .fetch_metadata(Some(&topic), CALL_TIMEOUT)
-                .map_err(convert::error)?;
-            let Some(t) = metadata.topics().first() else {
-                return Err(wit::KafkaError::UnknownTopic(topic));
-            };
-            if let Some(e) = t.error() {
-                return Err(convert::error(rdkafka::error::KafkaError::MetadataFetch(
-                    e.into(),
-                )));
+            let deadline = Instant::now() + CALL_TIMEOUT;
+            loop {
+                match watermarks_once(client, &topic) {
+                    Err(e) if convert::leader_unknown(&e) && Instant::now() < deadline => {
+                        std::thread::sleep(LEADER_WAIT);
+                    }
+                    answer => return answer.map_err(|e| convert::error(e).with_topic(&topic)),
+                }
             }
-            let mut marks = Vec::with_capacity(t.partitions().len());
-            for p in 0..t.partitions().len() {
-                let p = i32::try_from(p).unwrap_or(i32::MAX);
-                let (low, high) = client
-                    .fetch_watermarks(&topic, p, CALL_TIMEOUT)
-                    .map_err(convert::error)?;
-                marks.push(wit::Marks {
-                    low: u64::try_from(low).unwrap_or(0),
-                    high: u64::try_from(high).unwrap_or(0),
-                });
-            }
-            Ok(marks)
         })
         .await
     }
@@ -369,6 +356,32 @@ impl wit::KafkaError {
     }
 }
 
+/// Every partition's watermarks of `topic`, asked once.
+fn watermarks_once<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+) -> Result<Vec<wit::Marks>, KafkaError> {
+    let metadata = client.fetch_metadata(Some(topic), CALL_TIMEOUT)?;
+    let Some(t) = metadata.topics().first() else {
+        return Err(KafkaError::MetadataFetch(
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+        ));
+    };
+    if let Some(e) = t.error() {
+        return Err(KafkaError::MetadataFetch(e.into()));
+    }
+    let mut marks = Vec::with_capacity(t.partitions().len());
+    for p in 0..t.partitions().len() {
+        let p = i32::try_from(p).unwrap_or(i32::MAX);
+        let (low, high) = client.fetch_watermarks(topic, p, CALL_TIMEOUT)?;
+        marks.push(wit::Marks {
+            low: u64::try_from(low).unwrap_or(0),
+            high: u64::try_from(high).unwrap_or(0),
+        });
+    }
+    Ok(marks)
+}
+
 /// DescribeTopics for one topic on client `rk`: its id (base64) and partition count.
 ///
 /// # Safety
@@ -412,10 +425,8 @@ unsafe fn described(
         let code = rdsys::rd_kafka_event_error(event);
         if code != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
             let text = CStr::from_ptr(rdsys::rd_kafka_event_error_string(event));
-            return Err(
-                convert::error(rdkafka::error::KafkaError::AdminOp(code.into()))
-                    .with_topic(&text.to_string_lossy()),
-            );
+            return Err(convert::error(KafkaError::AdminOp(code.into()))
+                .with_topic(&text.to_string_lossy()));
         }
         let result = rdsys::rd_kafka_event_DescribeTopics_result(event);
         let mut count = 0usize;

@@ -48,6 +48,15 @@ pub(crate) fn error(e: KafkaError) -> wit::KafkaError {
     }
 }
 
+/// Whether `e` says only that a partition's leader is not known yet: a topic created a moment
+/// ago, or a leader being elected. Asking again shortly gets the answer.
+pub(crate) fn leader_unknown(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::LeaderNotAvailable | RDKafkaErrorCode::NotLeaderForPartition)
+    )
+}
+
 /// Headers for a record to produce (order and repeats kept).
 pub(crate) fn headers_out(headers: &[(String, Vec<u8>)]) -> OwnedHeaders {
     headers.iter().fold(
