@@ -1,7 +1,7 @@
 //! One queue consumer: a group member of the queue's topics, its events read by an [`Inbox`],
 //! and the ledger of each assigned partition. It commits only a partition's settled prefix
 //! (the lowest offset still held, or the next one to deliver); a not-yet-due retry copy pauses
-//! its partition and seeks back to it until it is due. A refused commit, tried again by the
+//! its partition until it is due, then a seek back to it resumes the partition. A refused commit, tried again by the
 //! SDK, ends in a seek back to the last committed offset: everything after it is redelivered,
 //! never skipped, and the partition's older tags turn `stale`, as do a revoked partition's.
 //!
@@ -54,8 +54,8 @@ struct Part {
     committed: Option<u64>,
     /// The due time of the retry copy the partition waits for, paused.
     waiting: Option<u64>,
-    /// The offset the member was sought to and has not delivered since: records before it
-    /// arrives are the old fetch's.
+    /// The offset the partition delivers next after a seek (a seek back, or the one that
+    /// resumes a waiting partition): records before it arrives are the old fetch's.
     sought: Option<u64>,
     /// A commit of this partition is on its way.
     committing: bool,
@@ -78,6 +78,15 @@ pub(crate) struct KafkaConsumer {
     next_epoch: Cell<u64>,
     /// Fires when a commit ended.
     commits: Notify,
+}
+
+/// The ledger of `key` if it is still the incarnation `epoch` (not revoked, not sought back).
+fn incarnation<'a>(
+    parts: &'a mut HashMap<Key, Part>,
+    key: &Key,
+    epoch: u64,
+) -> Option<&'a mut Part> {
+    parts.get_mut(key).filter(|p| p.epoch == epoch)
 }
 
 /// The WIT topic partition of `key`.
@@ -200,7 +209,7 @@ impl KafkaConsumer {
     }
 
     /// Up to `room` deliverable records of the ready ones; a not-yet-due retry copy pauses
-    /// its partition and seeks back to it.
+    /// its partition (`resume_due` seeks back to it when it is due).
     async fn take(&self, member: u64, room: usize) -> Vec<Received<Handle>> {
         let mut out = Vec::new();
         let mut hold_back = Vec::new();
@@ -231,7 +240,7 @@ impl KafkaConsumer {
                 part.waiting = Some(at);
                 part.next = Some(r.offset);
                 part.sought = Some(r.offset);
-                hold_back.push((key, r.offset));
+                hold_back.push(key);
                 continue;
             }
             part.next = Some(r.offset + 1);
@@ -251,9 +260,8 @@ impl KafkaConsumer {
                 attempt,
             });
         }
-        for (key, offset) in hold_back {
+        for key in hold_back {
             let _ = client::pause(member, tp(&key), true).await;
-            let _ = client::seek(member, tp(&key), offset).await;
         }
         out
     }
@@ -270,10 +278,7 @@ impl KafkaConsumer {
         };
         let wanted = {
             let mut parts = self.parts.borrow_mut();
-            let part = parts
-                .get_mut(&key)
-                .filter(|p| p.epoch == held.epoch)
-                .ok_or_else(stale)?;
+            let part = incarnation(&mut parts, &key, held.epoch).ok_or_else(stale)?;
             part.held.remove(&held.offset);
             Self::prefix(part, held.offset)
         };
@@ -281,10 +286,7 @@ impl KafkaConsumer {
             let notified = self.commits.notified();
             let target = {
                 let mut parts = self.parts.borrow_mut();
-                let part = parts
-                    .get_mut(&key)
-                    .filter(|p| p.epoch == held.epoch)
-                    .ok_or_else(stale)?;
+                let part = incarnation(&mut parts, &key, held.epoch).ok_or_else(stale)?;
                 if part.committed.is_some_and(|c| c >= wanted) {
                     return Ok(());
                 }
@@ -300,9 +302,7 @@ impl KafkaConsumer {
                 continue;
             };
             let committed = self.commit(&key, target).await;
-            if let Some(part) = self.parts.borrow_mut().get_mut(&key)
-                && part.epoch == held.epoch
-            {
+            if let Some(part) = incarnation(&mut self.parts.borrow_mut(), &key, held.epoch) {
                 part.committing = false;
                 if committed.is_ok() {
                     part.committed = Some(part.committed.map_or(target, |c| c.max(target)));
@@ -416,7 +416,7 @@ impl queue::Broker for KafkaConsumer {
         let key = (h.topic.clone(), h.partition);
         let back = {
             let mut parts = self.parts.borrow_mut();
-            let Some(part) = parts.get_mut(&key).filter(|p| p.epoch == h.epoch) else {
+            let Some(part) = incarnation(&mut parts, &key, h.epoch) else {
                 return;
             };
             let back = part.committed.unwrap_or(h.offset);
