@@ -168,7 +168,10 @@ impl Cli {
                     duration: Duration::from_secs_f64(duration),
                     scale,
                 };
-                let (rows, extras) = bench::run(&config).await?;
+                // On a worker of the runtime, where a server's handlers run: `main`'s own
+                // thread is not one, so every call from it would wake a worker across threads.
+                let (rows, extras) =
+                    tokio::spawn(async move { bench::run(&config).await }).await??;
                 println!("{}", bench::stats::table(&rows));
                 print!("{}", bench::load_table(&extras.load));
                 print!("{}", bench::swap_table(&extras.swap));

@@ -187,6 +187,7 @@ fn bench_prints_the_table_for_memory() {
     let out = stdout(&output);
     assert!(output.status.success(), "{out}\n{}", stderr(&output));
     for operation in [
+        "floor step: call_concurrent vs a plain call",
         "log append, 1 in flight",
         "queue produce+consume+ack, prefetch 64",
         "direct request/reply",

@@ -21,8 +21,9 @@ use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
-    fan_out_round, floor_call, joined, timed, unique,
+    fan_out_round, joined, timed, unique,
 };
+use wrpc_broker::runtime::floor::{concurrent_call, floor_call, owner_task_call};
 
 pub use extras::{Extras, load_table, swap_table};
 
@@ -118,6 +119,26 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         "calls",
         trivial_call(&setup),
         |_n| async { floor_call(setup.work.slice).map(Some) }
+    );
+    // The steps between the floor and the host's call (`runtime::floor`), each against the one
+    // before it: where a trivial call's time goes.
+    measure!(
+        "floor step: call_concurrent vs a plain call",
+        "calls",
+        concurrent_call(setup.work.slice),
+        |_n| async { floor_call(setup.work.slice).map(Some) }
+    );
+    measure!(
+        "floor step: an owner task vs the caller's",
+        "calls",
+        owner_task_call(setup.work.slice),
+        |_n| async { concurrent_call(setup.work.slice).await.map(Some) }
+    );
+    measure!(
+        "trivial export call vs the owner-task step",
+        "calls",
+        trivial_call(&setup),
+        |_n| async { owner_task_call(setup.work.slice).await.map(Some) }
     );
     measure!(
         exports.log,

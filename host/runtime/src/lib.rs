@@ -14,6 +14,7 @@ mod calls;
 pub mod driver;
 pub mod error;
 pub mod faults;
+pub mod floor;
 mod host_impl;
 pub mod ids;
 pub mod instance;
