@@ -178,14 +178,18 @@ async fn serve_loop(
         let _ = tokio::time::timeout(close_timeout, exports.adapter.call_close(accessor)).await;
         Ok(Exit::Closed)
     };
+    // Made once, not per turn of the loop: each new one registers with its token (a lock).
+    let closing = shared.closing.cancelled();
+    let retiring = shared.retiring.cancelled();
+    tokio::pin!(closing, retiring);
     loop {
         if drained && inflight.is_empty() {
             return close().await;
         }
         tokio::select! {
             biased;
-            _ = shared.closing.cancelled() => return close().await,
-            _ = shared.retiring.cancelled(), if !draining => {
+            () = &mut closing => return close().await,
+            () = &mut retiring, if !draining => {
                 // Later submissions fail here and go to the successor.
                 rx.close();
                 draining = true;
