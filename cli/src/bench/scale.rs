@@ -56,8 +56,8 @@ pub fn linear_rss_bytes() -> u64 {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return 0;
     };
-    // (start, end, read-write, inaccessible, resident bytes) of each mapping, in address order.
-    let mut maps: Vec<(u64, u64, bool, bool, u64)> = Vec::new();
+    // Each mapping, in address order.
+    let mut maps: Vec<Mapping> = Vec::new();
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
         let (Some(first), Some(second)) = (words.next(), words.next()) else {
@@ -66,23 +66,39 @@ pub fn linear_rss_bytes() -> u64 {
         if let Some((from, to)) = first.split_once('-')
             && let (Ok(from), Ok(to)) = (u64::from_str_radix(from, 16), u64::from_str_radix(to, 16))
         {
-            maps.push((
+            maps.push(Mapping {
                 from,
                 to,
-                second.starts_with("rw"),
-                second.starts_with("---"),
-                0,
-            ));
+                read_write: second.starts_with("rw"),
+                inaccessible: second.starts_with("---"),
+                resident: 0,
+            });
         } else if first == "Rss:"
             && let Some(last) = maps.last_mut()
         {
-            last.4 = second.parse::<u64>().unwrap_or(0) * 1024;
+            last.resident = second.parse::<u64>().unwrap_or(0) * 1024;
         }
     }
     maps.windows(2)
-        .filter(|w| w[0].2 && w[1].3 && w[1].0 == w[0].1 && w[1].1 - w[1].0 >= GUARD)
-        .map(|w| w[0].4)
+        .filter(|w| {
+            let (memory, guard) = (&w[0], &w[1]);
+            memory.read_write
+                && guard.inaccessible
+                && guard.from == memory.to
+                && guard.to - guard.from >= GUARD
+        })
+        .map(|w| w[0].resident)
         .sum()
+}
+
+/// One mapping of `/proc/self/smaps`.
+struct Mapping {
+    from: u64,
+    to: u64,
+    read_write: bool,
+    inaccessible: bool,
+    /// Its resident bytes.
+    resident: u64,
 }
 
 /// The smallest inaccessible mapping taken for a linear memory's guard (1 GiB).

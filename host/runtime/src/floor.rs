@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use wasmtime::component::{Component, Linker, TypedFunc};
 use wasmtime::{Config, Engine, Store};
 
-use crate::bench::Sample;
+use crate::bench::{Sample, timed};
 use crate::bindings::types::Error as WitError;
 
 /// The smallest component with the trivial export's signature (`parse-id: func(text: string) ->
@@ -92,19 +92,14 @@ pub async fn concurrent_call(slice: Duration) -> anyhow::Result<Sample> {
     let (mut store, parse_id) = concurrent_store().await?;
     store
         .run_concurrent(async |accessor| {
-            let started = Instant::now();
-            let mut sample = Sample::default();
-            while started.elapsed() < slice {
-                let t = Instant::now();
+            timed(slice, || async {
                 let (answer,) = parse_id
                     .call_concurrent(accessor, ("x:1".to_string(),))
                     .await?;
                 std::hint::black_box(answer.is_ok());
-                sample.latencies.push(t.elapsed());
-                sample.ops += 1;
-            }
-            sample.elapsed = started.elapsed();
-            anyhow::Ok(sample)
+                Ok(1)
+            })
+            .await
         })
         .await?
 }
@@ -135,17 +130,16 @@ pub async fn owner_task_call(slice: Duration) -> anyhow::Result<Sample> {
             })
             .await
     });
-    let started = Instant::now();
-    let mut sample = Sample::default();
-    while started.elapsed() < slice {
-        let t = Instant::now();
+    let sample = timed(slice, || {
         let (reply, answer) = oneshot::channel();
-        calls.send(reply).await?;
-        std::hint::black_box(answer.await?);
-        sample.latencies.push(t.elapsed());
-        sample.ops += 1;
-    }
-    sample.elapsed = started.elapsed();
+        let calls = &calls;
+        async move {
+            calls.send(reply).await?;
+            std::hint::black_box(answer.await?);
+            Ok(1)
+        }
+    })
+    .await?;
     drop(calls);
     owner.await??;
     Ok(sample)

@@ -1,9 +1,10 @@
 //! One queue consumer: a group member of the queue's topics, its events read by an [`Inbox`],
 //! and the ledger of each assigned partition. It commits only a partition's settled prefix
 //! (the lowest offset still held, or the next one to deliver); a not-yet-due retry copy pauses
-//! its partition until it is due, then a seek back to it resumes the partition. A refused commit, tried again by the
-//! SDK, ends in a seek back to the last committed offset: everything after it is redelivered,
-//! never skipped, and the partition's older tags turn `stale`, as do a revoked partition's.
+//! its partition until it is due, then a seek back to it resumes the partition. A refused
+//! commit, tried again by the SDK, ends in a seek back to the last committed offset: everything
+//! after it is redelivered, never skipped, and the partition's older tags turn `stale`, as do
+//! a revoked partition's.
 //!
 //! Settlements of a batch run together: one commit at a time per partition, each covering
 //! the prefix settled by then, so a batch of acks costs a commit or two, not one each.
