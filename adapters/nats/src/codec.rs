@@ -24,6 +24,9 @@ pub(crate) const REPLY_TO: &str = "x-wrpc-reply-to";
 pub(crate) const MSG_ID: &str = "Nats-Msg-Id";
 /// JetStream's stream check on publish.
 pub(crate) const EXPECTED_STREAM: &str = "Nats-Expected-Stream";
+/// JetStream's check on publish that the stream's last message carries this `Nats-Msg-Id`:
+/// how a pipelined batch keeps its order when one of its messages fails.
+pub(crate) const EXPECTED_LAST_MSG_ID: &str = "Nats-Expected-Last-Msg-Id";
 
 /// Bytes as base64url without padding.
 pub(crate) fn b64(bytes: &[u8]) -> String {

@@ -4,6 +4,7 @@
 //! unavailable, JetStream not answering yet after a restart) are tried again for a while, so a
 //! server restart looks like a slow call, not an error.
 
+use futures::future::join_all;
 use serde_json::{Value, json};
 use wrpc_broker_guest::{Error, Headers, host};
 
@@ -175,16 +176,69 @@ pub(crate) fn stream_config(
     })
 }
 
-/// A stored publish: `(stream, seq)` from the PubAck. `NoResponders` when no stream takes the
-/// subject (the caller creates it and publishes again).
-pub(crate) async fn publish(
+/// Stored publishes of one batch in flight at once.
+const PUBLISHES_IN_FLIGHT: usize = 256;
+/// JetStream's "wrong last msg ID": a `Nats-Expected-Last-Msg-Id` check failed.
+const WRONG_LAST_MSG_ID: u64 = 10070;
+
+/// Stored publishes of `messages` (headers, payload) to `subject`, in order; the sequence of
+/// each. They are pipelined, up to [`PUBLISHES_IN_FLIGHT`] at once, and kept in order by the
+/// server: each but the first of a window carries `Nats-Expected-Last-Msg-Id` = the message
+/// before it, so once one fails (or another publisher's message lands between two), every
+/// later one of the window is refused and sent again from there. Each message has one
+/// `Nats-Msg-Id` for all its tries, so a message stored whose PubAck was lost is stored once.
+/// A missing stream is made with `create` (once) and the publishes go on.
+pub(crate) async fn publish_all<Fut>(
     subject: &str,
     stream: &str,
-    mut headers: Headers,
-    payload: Vec<u8>,
-) -> Result<u64, Fail> {
-    codec::push(&mut headers, codec::MSG_ID, host::generate_id());
-    codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
+    messages: Vec<(Headers, Vec<u8>)>,
+    mut create: impl FnMut() -> Fut,
+) -> Result<Vec<u64>, Error>
+where
+    Fut: Future<Output = Result<(), Error>>,
+{
+    let ids: Vec<String> = messages.iter().map(|_| host::generate_id()).collect();
+    let mut seqs = Vec::with_capacity(messages.len());
+    let mut created = false;
+    while seqs.len() < messages.len() {
+        let from = seqs.len();
+        let to = (from + PUBLISHES_IN_FLIGHT).min(messages.len());
+        let sends = (from..to).map(|i| {
+            let (headers, payload) = &messages[i];
+            let mut headers = headers.clone();
+            codec::push(&mut headers, codec::MSG_ID, &ids[i]);
+            codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
+            if i > from {
+                codec::push(&mut headers, codec::EXPECTED_LAST_MSG_ID, &ids[i - 1]);
+            }
+            stored(subject, headers, payload.clone())
+        });
+        for reply in join_all(sends).await {
+            match reply {
+                Ok(seq) => seqs.push(seq),
+                Err(e) if e.stream_missing() && !created => {
+                    create().await?;
+                    created = true;
+                    break;
+                }
+                // The message before it was not the stream's last: send again from this one.
+                Err(Fail::Api(e)) if e.err_code == WRONG_LAST_MSG_ID && seqs.len() > from => {
+                    crate::debug(&format!(
+                        "publish to {stream}: sent again from {}",
+                        seqs.len()
+                    ));
+                    break;
+                }
+                Err(e) => return Err(e.into_error(&format!("publish to {stream}"))),
+            }
+        }
+    }
+    Ok(seqs)
+}
+
+/// One stored publish: the stream sequence in its PubAck. `NoResponders` when no stream takes
+/// the subject.
+async fn stored(subject: &str, headers: Headers, payload: Vec<u8>) -> Result<u64, Fail> {
     let reply = request(subject, headers, payload, true)
         .await
         .map_err(Fail::Nats)?;

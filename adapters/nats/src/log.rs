@@ -200,33 +200,25 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
     Ok(out)
 }
 
-/// Append `records` to the stream of `topic`, in order; the sequence of each.
+/// Append `batch` to the stream of `topic`, in order (pipelined); the sequence of each.
 async fn append_all(config: &Config, topic: &str, batch: Vec<RecordIn>) -> Result<Vec<u64>, Error> {
     let subject = config.subject("log", topic)?;
     let stream = config.stream("log", topic)?;
-    let mut seqs = Vec::with_capacity(batch.len());
-    for record in batch {
-        let mut headers = Vec::new();
-        codec::push_packed(&mut headers, &record.headers);
-        if let Some(key) = &record.key {
-            codec::push(&mut headers, codec::KEY, codec::b64(key));
-        }
-        let mut created = false;
-        loop {
-            match js::publish(&subject, &stream, headers.clone(), record.value.clone()).await {
-                Ok(seq) => {
-                    seqs.push(seq);
-                    break;
-                }
-                Err(e) if e.stream_missing() && !created => {
-                    state(config, topic).await?;
-                    created = true;
-                }
-                Err(e) => return Err(e.into_error(&format!("append to {stream}"))),
+    let messages = batch
+        .into_iter()
+        .map(|record| {
+            let mut headers = Vec::new();
+            codec::push_packed(&mut headers, &record.headers);
+            if let Some(key) = &record.key {
+                codec::push(&mut headers, codec::KEY, codec::b64(key));
             }
-        }
-    }
-    Ok(seqs)
+            (headers, record.value)
+        })
+        .collect();
+    js::publish_all(&subject, &stream, messages, || async {
+        state(config, topic).await.map(|_| ())
+    })
+    .await
 }
 
 impl Guest for Component {

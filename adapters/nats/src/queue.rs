@@ -110,21 +110,17 @@ async fn ensure_stream(config: &Config, queue: &str) -> Result<(), Error> {
     .map_err(|e| e.into_error(&format!("queue stream {stream}")))
 }
 
-/// Store one message on `queue`, creating its stream when missing.
-async fn store(config: &Config, queue: &str, headers: Headers, body: Vec<u8>) -> Result<(), Error> {
+/// Store `messages` (headers, body) on `queue`, in order, creating its stream when missing.
+async fn store(
+    config: &Config,
+    queue: &str,
+    messages: Vec<(Headers, Vec<u8>)>,
+) -> Result<(), Error> {
     let subject = config.subject("q", queue)?;
     let stream = config.stream("q", queue)?;
-    let mut created = false;
-    loop {
-        match js::publish(&subject, &stream, headers.clone(), body.clone()).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.stream_missing() && !created => {
-                ensure_stream(config, queue).await?;
-                created = true;
-            }
-            Err(e) => return Err(e.into_error(&format!("publish to {stream}"))),
-        }
-    }
+    js::publish_all(&subject, &stream, messages, || ensure_stream(config, queue))
+        .await
+        .map(|_| ())
 }
 
 /// Create (or update) the shared durable consumer of `stream`.
@@ -367,7 +363,7 @@ impl queue::Broker for PullConsumer {
             CopyTo::DeadLetter => (&self.dlq, "+TERM"),
         };
         let body = &held.body;
-        tried(|| store(&self.config, to, nats_headers.clone(), body.clone())).await?;
+        tried(|| store(&self.config, to, vec![(nats_headers.clone(), body.clone())])).await?;
         tried(|| ack_call(&held.handle, verb)).await
     }
 
@@ -415,12 +411,15 @@ impl Guest for Component {
     async fn produce(queue: String, batch: Vec<QueueMessage>) -> Result<(), Error> {
         let config = config()?;
         config.enc("queue", &queue)?;
-        for m in batch {
-            let mut headers = Vec::new();
-            codec::push_packed(&mut headers, &m.headers);
-            store(&config, &queue, headers, m.body).await?;
-        }
-        Ok(())
+        let messages = batch
+            .into_iter()
+            .map(|m| {
+                let mut headers = Vec::new();
+                codec::push_packed(&mut headers, &m.headers);
+                (headers, m.body)
+            })
+            .collect();
+        store(&config, &queue, messages).await
     }
 
     async fn consume(

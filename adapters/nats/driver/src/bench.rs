@@ -10,7 +10,7 @@ use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
     shared_subscription, timed, unique,
 };
 
@@ -18,6 +18,8 @@ use wrpc_broker_runtime::bench::{
 const PAGE: u64 = 256;
 /// Direct gets a page of the adapter has in flight at once (`adapters/nats/src/log.rs`).
 const GETS_IN_FLIGHT: u64 = 64;
+/// Stored publishes of a batch the adapter has in flight at once (`adapters/nats/src/js.rs`).
+const PUBLISHES_IN_FLIGHT: usize = 256;
 
 /// A client of the NATS server the broker uses.
 pub struct Native {
@@ -27,6 +29,39 @@ pub struct Native {
 /// A stream name and subject that NATS accepts.
 fn stream_name(prefix: &str) -> String {
     unique(prefix).replace('-', "_")
+}
+
+/// One stored publish with `headers`, its PubAck checked; `false` when JetStream refused it
+/// because the stream's last message was not the one its `Nats-Expected-Last-Msg-Id` names.
+async fn stored(
+    client: &async_nats::Client,
+    subject: &str,
+    headers: async_nats::HeaderMap,
+    payload: &[u8],
+) -> anyhow::Result<bool> {
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(payload.to_vec().into());
+    let ack = client.send_request(subject.to_string(), request).await?;
+    let text = String::from_utf8_lossy(&ack.payload);
+    if text.contains("\"err_code\":10070") {
+        return Ok(false);
+    }
+    ensure!(!text.contains("\"error\""), "publish to {subject}: {text}");
+    Ok(true)
+}
+
+/// What the adapter sends with an append: a `Nats-Msg-Id` of its own (a resend is stored once)
+/// and `Nats-Expected-Stream`; with `after`, `Nats-Expected-Last-Msg-Id` (the message before it
+/// in a pipelined batch).
+fn append_headers(stream: &str, id: &str, after: Option<&str>) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id);
+    headers.insert("Nats-Expected-Stream", stream);
+    if let Some(after) = after {
+        headers.insert("Nats-Expected-Last-Msg-Id", after);
+    }
+    headers
 }
 
 impl Native {
@@ -65,19 +100,19 @@ impl Native {
         self.create_stream(&name, "limits").await?;
         let deadline = Instant::now() + work.slice;
         let started = Instant::now();
-        let workers = (0..in_flight).map(|_| {
-            let (client, subject, payload) = (
-                self.client.clone(),
-                format!("{name}.in"),
-                work.payload.clone(),
-            );
+        let workers = (0..in_flight).map(|worker| {
+            let (client, name, payload) = (self.client.clone(), name.clone(), work.payload.clone());
             tokio::spawn(async move {
+                let subject = format!("{name}.in");
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    client
-                        .request(subject.clone(), payload.clone().into())
-                        .await?;
+                    let id = format!("{worker}-{}", latencies.len());
+                    let headers = append_headers(&name, &id, None);
+                    ensure!(
+                        stored(&client, &subject, headers, &payload).await?,
+                        "refused"
+                    );
                     latencies.push(t.elapsed());
                 }
                 anyhow::Ok(latencies)
@@ -86,6 +121,46 @@ impl Native {
         let sample = joined(started, workers).await?;
         self.delete_stream(&name).await?;
         Ok(sample)
+    }
+
+    /// Batches of [`APPEND_BATCH`] as the adapter sends one: pipelined in windows of
+    /// [`PUBLISHES_IN_FLIGHT`], each message but a window's first expecting the one before it
+    /// as the stream's last.
+    pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = stream_name("native_batch");
+        self.create_stream(&name, "limits").await?;
+        let subject = format!("{name}.in");
+        let mut batches = 0;
+        let sample = timed(work.slice, || {
+            batches += 1;
+            let ids: Vec<String> = (0..APPEND_BATCH)
+                .map(|i| format!("{batches}-{i}"))
+                .collect();
+            let (name, subject) = (&name, &subject);
+            async move {
+                let mut done = 0;
+                while done < APPEND_BATCH {
+                    let from = done;
+                    let end = (from + PUBLISHES_IN_FLIGHT).min(APPEND_BATCH);
+                    let sends = (from..end).map(|i| {
+                        let after = (i > from).then(|| ids[i - 1].as_str());
+                        let headers = append_headers(name, &ids[i], after);
+                        stored(&self.client, subject, headers, &work.payload)
+                    });
+                    // As the adapter: on from the first one refused, sent again.
+                    for sent in futures::future::join_all(sends).await {
+                        if !sent? {
+                            break;
+                        }
+                        done += 1;
+                    }
+                }
+                Ok(APPEND_BATCH as u64)
+            }
+        })
+        .await;
+        self.delete_stream(&name).await?;
+        sample
     }
 
     /// Fill a log stream with [`CATCH_UP`] entries, pipelined as the adapter's batch appends.
@@ -281,13 +356,19 @@ impl Native {
             .await?
             .map(|message| message.payload);
         self.client.flush().await?;
+        // Each publish confirmed before the next, as one backplane publish call of the adapter
+        // (a PUB, then the driver's round trip through the server: the contract says a
+        // subscriber that exists when the broker took it gets it); the other brokers' native
+        // sides await each publish too.
         shared_subscription(work, subscribers, deliveries, || async {
             for _ in 0..FAN_OUT_PAYLOADS {
                 self.client
                     .publish(subject.clone(), work.payload.clone().into())
                     .await?;
+                crate::bindings::flush(&self.client)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("flush: {e:?}"))?;
             }
-            self.client.flush().await?;
             Ok(())
         })
         .await
@@ -297,6 +378,7 @@ impl Native {
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_append_batch(),
         log_catch_up(),
         log_live(),
         queue_round_trip(prefetch: u32),

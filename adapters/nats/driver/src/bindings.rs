@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
-use futures::StreamExt;
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::{NatsDriver, faults};
@@ -90,35 +89,19 @@ fn check_faults(subject: &str) -> Result<(), wit::NatsError> {
 
 /// Wait until the server has processed everything this connection sent before, bounded by
 /// [`FLUSH_TIMEOUT`]. `async_nats::Client::flush` only flushes the socket, so this is a round
-/// trip of its own: a message to a fresh inbox this connection subscribes to comes back only
-/// after the server handled every earlier operation (a SUB, an UNSUB, a PUB) of the connection.
-async fn flush(client: &async_nats::Client) -> Result<(), wit::NatsError> {
-    let round_trip = async {
-        let inbox = client.new_inbox();
-        let mut echo = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
-        client
-            .publish(inbox, bytes::Bytes::new())
-            .await
-            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
-        client
-            .flush()
-            .await
-            .map_err(|e| wit::NatsError::Unavailable(format!("flush: {e}")))?;
-        match echo.next().await {
-            Some(_) => Ok(()),
-            None => Err(wit::NatsError::Unavailable(
-                "flush: the connection closed".into(),
-            )),
-        }
-    };
-    match tokio::time::timeout(FLUSH_TIMEOUT, round_trip).await {
-        Ok(result) => result,
-        Err(_) => Err(wit::NatsError::Timeout(format!(
+/// trip of its own: a request to a fresh inbox nobody subscribes to, which the server answers
+/// "no responders" (NATS 2.2 and later, as JetStream) only after it handled every earlier
+/// operation (a SUB, an UNSUB, a PUB) of the connection.
+pub(crate) async fn flush(client: &async_nats::Client) -> Result<(), wit::NatsError> {
+    use async_nats::client::RequestErrorKind as Kind;
+    let request = async_nats::Request::new().timeout(Some(FLUSH_TIMEOUT));
+    match client.send_request(client.new_inbox(), request).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == Kind::NoResponders => Ok(()),
+        Err(e) if e.kind() == Kind::TimedOut => Err(wit::NatsError::Timeout(format!(
             "the server did not answer within {FLUSH_TIMEOUT:?}"
         ))),
+        Err(e) => Err(wit::NatsError::Unavailable(format!("flush: {e}"))),
     }
 }
 
