@@ -17,10 +17,42 @@ use wit_bindgen::{StreamReader, StreamResult, StreamWriter};
 
 use crate::signal::Latch;
 
-/// How many items [`pump`] reads at a time.
+/// How many items [`pump`] reads at a time at most.
 pub const BATCH: usize = 256;
 
-/// Copy `from` into `to`, a batch (up to [`BATCH`] items) at a time through `convert`, until
+/// The capacity of the next read from a stream. A read's buffer is reserved in linear memory
+/// for as long as the read waits, so a quiet stream is read with a few slots (an idle reader
+/// of a log tail or a subscription costs ≈ 100 bytes, not [`BATCH`] entries), doubling up to
+/// [`BATCH`] while reads come back full and falling back to what the last read needed.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadSize(usize);
+
+impl ReadSize {
+    /// Slots of the first read, and of one after a read that got this many or fewer.
+    pub const MIN: usize = 4;
+
+    /// An empty buffer with the capacity the next read should have.
+    pub fn buffer<T>(&self) -> Vec<T> {
+        Vec::with_capacity(self.0)
+    }
+
+    /// Learn from a read that returned `got` items.
+    pub fn after(&mut self, got: usize) {
+        self.0 = if got >= self.0 {
+            (self.0 * 2).min(BATCH)
+        } else {
+            got.next_power_of_two().clamp(Self::MIN, BATCH)
+        };
+    }
+}
+
+impl Default for ReadSize {
+    fn default() -> Self {
+        Self(Self::MIN)
+    }
+}
+
+/// Copy `from` into `to`, a batch (up to [`BATCH`] items, as [`ReadSize`] says) at a time through `convert`, until
 /// either end is dropped. `from` stays with the caller, who decides when it goes (dropping a
 /// driver stream unsubscribes). A dropped `to` shows only at the next write (the component
 /// model has no other signal), so an idle pump lingers until an item arrives.
@@ -29,8 +61,10 @@ pub async fn pump<T: 'static, U: 'static>(
     mut to: StreamWriter<U>,
     mut convert: impl FnMut(Vec<T>) -> Vec<U>,
 ) {
+    let mut size = ReadSize::default();
     loop {
-        let (result, items) = from.read(Vec::with_capacity(BATCH)).await;
+        let (result, items) = from.read(size.buffer()).await;
+        size.after(items.len());
         let batch = convert(items);
         if !batch.is_empty() && !to.write_all(batch).await.is_empty() {
             return;

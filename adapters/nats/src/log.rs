@@ -31,6 +31,7 @@ use crate::js::{self, Fail};
 use crate::wrpc::nats::client::{self, Message};
 use crate::{Component, Config, config};
 use wrpc_broker_guest::ids::{self, is_epoch};
+use wrpc_broker_guest::relay::ReadSize;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How many direct gets a page has in flight at once.
@@ -365,10 +366,14 @@ async fn follow(
     mut from: StreamReader<Message>,
     mut to: wit_bindgen::StreamWriter<Entry>,
 ) {
+    let mut size = ReadSize::default();
     let why = loop {
-        let read = pin!(from.read(Vec::with_capacity(crate::BATCH)));
+        let read = pin!(from.read(size.buffer()));
         let (result, batch) = match select(read, pin!(host::sleep(DEAF_MS))).await {
-            Either::Left((read, _)) => read,
+            Either::Left((read, _)) => {
+                size.after(read.1.len());
+                read
+            }
             Either::Right(_) => {
                 // The server lost the consumer (a restart forgets memory consumers) or the
                 // connection is down: a new consumer from where this tail stands, on the

@@ -38,6 +38,7 @@ use crate::js::{self, Fail};
 use crate::wrpc::nats::client::{self, Message, NatsError};
 use crate::{Component, Config, config};
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
+use wrpc_broker_guest::relay::ReadSize;
 use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, Headers, Tag, headers, host};
 
@@ -180,10 +181,14 @@ async fn nak(ack: &str, delay_ms: u64) {
 impl Inbox {
     /// Read the pull subscription into `arrived` until the consumer is done with it.
     async fn read(self: Rc<Self>, queue: String, mut from: StreamReader<Message>) {
+        let mut size = ReadSize::default();
         loop {
-            let read = pin!(from.read(Vec::with_capacity(crate::BATCH)));
+            let read = pin!(from.read(size.buffer()));
             let (result, batch) = match select(read, pin!(self.unsubscribe.wait())).await {
-                Either::Left((read, _)) => read,
+                Either::Left((read, _)) => {
+                    size.after(read.1.len());
+                    read
+                }
                 Either::Right(_) => break,
             };
             self.arrived.borrow_mut().extend(batch);

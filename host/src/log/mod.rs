@@ -95,9 +95,9 @@ const PAGE: u32 = 256;
 const MAX_APPEND_BATCH: usize = 256;
 /// Batches (of the adapter's tail stream, up to its batch size each) a topic tail buffers for
 /// its local readers before a slow one lags and reads pages instead.
-const TAIL_BUFFER: usize = 128;
-/// Entries buffered per reader between its task and its consumer.
-const READER_BUFFER: usize = 256;
+const TAIL_BUFFER: usize = 32;
+/// Batches (a page or a tail batch each) buffered per reader between its task and its consumer.
+const READER_BUFFER: usize = 4;
 /// Attempts at a catch-up page when the adapter is being replaced (trap, timeout).
 const TRANSIENT_RETRIES: u32 = 20;
 /// Pause between such attempts, and before re-establishing a lost tail.
@@ -276,10 +276,12 @@ impl Log {
             subscription,
             cursor,
             out,
+            pending: Vec::new(),
         };
         let handle = tokio::spawn(task.run(first_page));
         Ok(Reader {
             rx,
+            ready: Vec::new().into_iter(),
             position,
             task: handle,
         })

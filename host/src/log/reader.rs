@@ -18,7 +18,10 @@ use crate::slot::Held;
 /// A live read of one topic: a [`Stream`] of entries in order, ending with an error if the
 /// read cannot continue (e.g. it fell behind the retained history: [`Error::Gone`]).
 pub struct Reader {
-    pub(super) rx: mpsc::Receiver<Result<Entry>>,
+    /// Batches from the reader's task (a page, or what one tail batch had for this reader).
+    pub(super) rx: mpsc::Receiver<Result<Vec<Entry>>>,
+    /// The rest of the batch being yielded.
+    pub(super) ready: std::vec::IntoIter<Entry>,
     pub(super) position: Option<Position>,
     pub(super) task: tokio::task::JoinHandle<()>,
 }
@@ -40,7 +43,7 @@ impl Reader {
 
     /// The next entry, waiting for one; `None` when the read ended.
     pub async fn next_entry(&mut self) -> Option<Result<Entry>> {
-        self.rx.recv().await
+        futures::StreamExt::next(self).await
     }
 }
 
@@ -48,7 +51,16 @@ impl Stream for Reader {
     type Item = Result<Entry>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        loop {
+            if let Some(entry) = self.ready.next() {
+                return Poll::Ready(Some(Ok(entry)));
+            }
+            match std::task::ready!(self.rx.poll_recv(cx)) {
+                Some(Ok(batch)) => self.ready = batch.into_iter(),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => return Poll::Ready(None),
+            }
+        }
     }
 }
 
@@ -111,7 +123,9 @@ pub(super) struct ReaderTask {
     pub(super) guard: Option<ReaderGuard>,
     pub(super) subscription: Option<broadcast::Receiver<TailEvent>>,
     pub(super) cursor: Cursor,
-    pub(super) out: mpsc::Sender<Result<Entry>>,
+    pub(super) out: mpsc::Sender<Result<Vec<Entry>>>,
+    /// Entries delivered and not yet sent: one send per page or tail batch, not per entry.
+    pub(super) pending: Vec<Entry>,
 }
 
 impl ReaderTask {
@@ -170,14 +184,16 @@ impl ReaderTask {
                         }
                     }
                 }
-                if self.deliver(entry.clone()).await.is_err() {
-                    return;
-                }
+                self.deliver(entry.clone());
+            }
+            if self.flush().await.is_err() {
+                return;
             }
         }
     }
 
-    async fn deliver(&mut self, entry: wit::Entry) -> std::result::Result<(), Stop> {
+    /// Take `entry` as the next one of the read (sent with the next [`Self::flush`]).
+    fn deliver(&mut self, entry: wit::Entry) {
         if let Some(next) = self
             .cursor
             .expects(&entry.pos)
@@ -187,21 +203,35 @@ impl ReaderTask {
                 "the adapter skipped offsets that no page returned");
         }
         self.cursor.advance(&entry);
-        self.out
-            .send(Ok(entry.into()))
-            .await
-            .map_err(|_| Stop::Dropped)
+        self.pending.push(entry.into());
+    }
+
+    /// Send the entries delivered so far to the consumer, as one batch.
+    async fn flush(&mut self) -> std::result::Result<(), Stop> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.pending);
+        self.out.send(Ok(batch)).await.map_err(|_| Stop::Dropped)
+    }
+
+    /// End the read with `error`, after the entries delivered before it.
+    async fn fail(&mut self, error: Error) -> Stop {
+        if self.flush().await.is_ok() {
+            let _ = self.out.send(Err(error)).await;
+        }
+        Stop::Failed
     }
 
     async fn deliver_page(&mut self, page: wit::Page) -> std::result::Result<(), Stop> {
         for entry in page.entries {
             if self.cursor.is_new(&entry.pos) {
-                self.deliver(entry).await?;
+                self.deliver(entry);
             } else {
                 self.cursor.scan_from = Some(entry.id);
             }
         }
-        Ok(())
+        self.flush().await
     }
 
     /// Read pages after the last entry seen until the tip.
@@ -225,10 +255,7 @@ impl ReaderTask {
         loop {
             let adapter = match self.feed.feed.adapter(&self.inner.slot) {
                 Ok(adapter) => adapter,
-                Err(e) => {
-                    let _ = self.out.send(Err(e)).await;
-                    return Err(Stop::Failed);
-                }
+                Err(e) => return Err(self.fail(e).await),
             };
             match adapter
                 .log_range(self.topic.clone(), origin.clone(), PAGE)
@@ -241,10 +268,7 @@ impl ReaderTask {
                     attempt += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
-                Err(e) => {
-                    let _ = self.out.send(Err(e)).await;
-                    return Err(Stop::Failed);
-                }
+                Err(e) => return Err(self.fail(e).await),
             }
         }
     }
@@ -283,10 +307,7 @@ impl ReaderTask {
                     self.subscription = Some(subscription);
                     return self.catch_up().await;
                 }
-                Err(e) if attempt >= TRANSIENT_RETRIES => {
-                    let _ = self.out.send(Err(e)).await;
-                    return Err(Stop::Failed);
-                }
+                Err(e) if attempt >= TRANSIENT_RETRIES => return Err(self.fail(e).await),
                 Err(_) => {
                     attempt += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
