@@ -123,38 +123,53 @@ impl Native {
         Ok(sample)
     }
 
-    /// Batches of [`APPEND_BATCH`] as the adapter sends one: pipelined in windows of
-    /// [`PUBLISHES_IN_FLIGHT`], each message but a window's first expecting the one before it
-    /// as the stream's last.
+    /// `count` stored publishes of `payload` to stream `name`, as the adapter sends a batch:
+    /// pipelined in windows of [`PUBLISHES_IN_FLIGHT`], each message but a window's first
+    /// expecting the one before it as the stream's last, sent again from the first refused.
+    /// `batch` makes the message ids unique in the stream.
+    async fn publish_batch(
+        &self,
+        name: &str,
+        batch: usize,
+        count: usize,
+        payload: &[u8],
+    ) -> anyhow::Result<()> {
+        let subject = format!("{name}.in");
+        let ids: Vec<String> = (0..count).map(|i| format!("{batch}-{i}")).collect();
+        let mut done = 0;
+        while done < count {
+            let from = done;
+            let end = (from + PUBLISHES_IN_FLIGHT).min(count);
+            let sends = (from..end).map(|i| {
+                let after = (i > from).then(|| ids[i - 1].as_str());
+                stored(
+                    &self.client,
+                    &subject,
+                    append_headers(name, &ids[i], after),
+                    payload,
+                )
+            });
+            for sent in futures::future::join_all(sends).await {
+                if !sent? {
+                    break;
+                }
+                done += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Batches of [`APPEND_BATCH`], one at a time, as the adapter sends one.
     pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
         let name = stream_name("native_batch");
         self.create_stream(&name, "limits").await?;
-        let subject = format!("{name}.in");
         let mut batches = 0;
         let sample = timed(work.slice, || {
             batches += 1;
-            let ids: Vec<String> = (0..APPEND_BATCH)
-                .map(|i| format!("{batches}-{i}"))
-                .collect();
-            let (name, subject) = (&name, &subject);
+            let (name, batch) = (&name, batches);
             async move {
-                let mut done = 0;
-                while done < APPEND_BATCH {
-                    let from = done;
-                    let end = (from + PUBLISHES_IN_FLIGHT).min(APPEND_BATCH);
-                    let sends = (from..end).map(|i| {
-                        let after = (i > from).then(|| ids[i - 1].as_str());
-                        let headers = append_headers(name, &ids[i], after);
-                        stored(&self.client, subject, headers, &work.payload)
-                    });
-                    // As the adapter: on from the first one refused, sent again.
-                    for sent in futures::future::join_all(sends).await {
-                        if !sent? {
-                            break;
-                        }
-                        done += 1;
-                    }
-                }
+                self.publish_batch(name, batch, APPEND_BATCH, &work.payload)
+                    .await?;
                 Ok(APPEND_BATCH as u64)
             }
         })
@@ -276,14 +291,11 @@ impl Native {
         let mut deliveries = self.client.subscribe(inbox.clone()).await?;
         let mut sample = Sample::default();
         let started = Instant::now();
+        let mut batches = 0;
         while started.elapsed() < work.slice {
-            let produced = (0..QUEUE_BATCH).map(|_| {
-                self.client
-                    .request(format!("{name}.in"), work.payload.clone().into())
-            });
-            for result in futures::future::join_all(produced).await {
-                result?;
-            }
+            batches += 1;
+            self.publish_batch(&name, batches, QUEUE_BATCH as usize, &work.payload)
+                .await?;
             let mut done = 0;
             while done < QUEUE_BATCH {
                 let pull = format!(r#"{{"batch":{prefetch},"no_wait":true}}"#);
@@ -294,8 +306,10 @@ impl Native {
                         pull.into(),
                     )
                     .await?;
-                let mut taken = 0;
-                while taken < prefetch {
+                // The pull's deliveries, then their `+ACK`s together (as the adapter settles a
+                // batch: its settlements of one batch go to the server at once).
+                let mut acks = Vec::new();
+                while acks.len() < prefetch as usize {
                     let Ok(Some(message)) =
                         tokio::time::timeout(Duration::from_secs(2), deliveries.next()).await
                     else {
@@ -308,9 +322,11 @@ impl Native {
                         .reply
                         .clone()
                         .context("a delivery without an ack subject")?;
-                    self.client.request(ack, "+ACK".into()).await?;
-                    taken += 1;
-                    done += 1;
+                    acks.push(self.client.request(ack, "+ACK".into()));
+                }
+                done += acks.len() as u64;
+                for acked in futures::future::join_all(acks).await {
+                    acked?;
                 }
             }
             sample.ops += QUEUE_BATCH;
