@@ -262,9 +262,16 @@ impl ReaderTask {
                 .await
             {
                 Ok(page) => return Ok(page),
-                Err(Error::Trapped(_) | Error::Timeout(_) | Error::Unavailable(_))
-                    if attempt < TRANSIENT_RETRIES =>
-                {
+                // A bad request here is the broker behind itself, not the caller: the id is one
+                // it handed this reader (or the first page read), yet it says the id is past its
+                // tip (RabbitMQ right after a restart: a stream reader from that offset hears
+                // nothing for a while). Tried again as the other passing failures are.
+                Err(
+                    Error::Trapped(_)
+                    | Error::Timeout(_)
+                    | Error::Unavailable(_)
+                    | Error::BadRequest(_),
+                ) if attempt < TRANSIENT_RETRIES => {
                     attempt += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
