@@ -5,8 +5,9 @@
 # The first four come from Debian's packages, installed when absent; there is no systemd, so each
 # daemon is started directly. Running it again with everything up only prints.
 # A broker with an adapter folder keeps its server recipe there, `adapters/<name>/server.sh`
-# (`server_port` and `start_server`), found by the loop below; the rest are recipes here until
-# their adapters land.
+# (`server_port` and `start_server`; optionally `server_answers`, a check that what listens
+# speaks the protocol, and `stop_server`, to replace a server that listens but does not answer),
+# found by the loop below; the rest are recipes here until their adapters land.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -51,8 +52,12 @@ EOF
 
 ensure() { # name, port [start function, default start_<name>]
   if listening "$2"; then
-    say "$1 answers on 127.0.0.1:$2"
-    return 0
+    if [ "$(type -t server_answers)" != function ] || server_answers; then
+      say "$1 answers on 127.0.0.1:$2"
+      return 0
+    fi
+    say "$1 listens on 127.0.0.1:$2 but does not answer: restarting it"
+    stop_server
   fi
   local began=$SECONDS
   "${3:-start_$1}"
@@ -62,9 +67,11 @@ ensure() { # name, port [start function, default start_<name>]
 repo="$(cd "$here/.." && pwd)"
 for recipe in "$repo"/adapters/*/server.sh; do
   name=$(basename "$(dirname "$recipe")")
+  unset -f server_answers stop_server
   # shellcheck source=/dev/null
   source "$recipe"
   ensure "$name" "$server_port" start_server
 done
+unset -f server_answers stop_server
 ensure mosquitto 1883
 say "redis 6379, nats 4222, rabbitmq 5672, mosquitto 1883 and kafka 9092 answer on 127.0.0.1"
