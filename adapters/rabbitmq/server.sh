@@ -11,13 +11,13 @@ server_port=5672
 data_dir=/var/lib/rabbitmq/wrpc-broker
 start_server() {
   mkdir -p /etc/rabbitmq
-  cat >/etc/rabbitmq/rabbitmq-env.conf <<'ENV'
+  cat >/etc/rabbitmq/rabbitmq-env.conf <<ENV
 # Written by wrpc-broker's scripts/services.sh: a loopback-only node for the tests.
 NODENAME=rabbit@localhost
 NODE_IP_ADDRESS=127.0.0.1
 NODE_PORT=5672
 ERL_EPMD_ADDRESS=127.0.0.1
-MNESIA_BASE=/var/lib/rabbitmq/wrpc-broker
+MNESIA_BASE=$data_dir
 SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 ENV
@@ -34,7 +34,7 @@ ENV
 # 5 s of the protocol header. A node here once kept 5672 open while it hung.
 server_answers() {
   local first
-  first=$(timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672; printf "AMQP\x00\x00\x09\x01" >&3; head -c 1 <&3 | od -An -tx1' 2>/dev/null) || return 1
+  first=$(timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/'"$server_port"'; printf "AMQP\x00\x00\x09\x01" >&3; head -c 1 <&3 | od -An -tx1' 2>/dev/null) || return 1
   [ "${first// /}" = 01 ]
 }
 
@@ -43,7 +43,7 @@ stop_server() {
   pkill -9 -f 'beam.smp.*rabbit' || true
   pkill -9 -x epmd || true
   for _ in $(seq 1 100); do
-    listening 5672 || return 0
+    listening "$server_port" || return 0
     sleep 0.1
   done
 }

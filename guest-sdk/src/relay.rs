@@ -31,18 +31,17 @@ impl ReadSize {
     /// Slots of the first read, and of one after a read that got this many or fewer.
     pub const MIN: usize = 4;
 
-    /// An empty buffer with the capacity the next read should have.
-    pub fn buffer<T>(&self) -> Vec<T> {
-        Vec::with_capacity(self.0)
-    }
-
-    /// Learn from a read that returned `got` items.
-    pub fn after(&mut self, got: usize) {
+    /// The next read from `from`, with a buffer of the current capacity; what it returned
+    /// sets the next one's. (A read dropped before it finished teaches nothing.)
+    pub async fn read<T: 'static>(&mut self, from: &mut StreamReader<T>) -> (StreamResult, Vec<T>) {
+        let (result, items) = from.read(Vec::with_capacity(self.0)).await;
+        let got = items.len();
         self.0 = if got >= self.0 {
             (self.0 * 2).min(BATCH)
         } else {
             got.next_power_of_two().clamp(Self::MIN, BATCH)
         };
+        (result, items)
     }
 }
 
@@ -52,8 +51,8 @@ impl Default for ReadSize {
     }
 }
 
-/// Copy `from` into `to`, a batch (up to [`BATCH`] items, as [`ReadSize`] says) at a time through `convert`, until
-/// either end is dropped. `from` stays with the caller, who decides when it goes (dropping a
+/// Copy `from` into `to`, a batch (up to [`BATCH`] items, as [`ReadSize`] says) at a time
+/// through `convert`, until either end is dropped. `from` stays with the caller, who decides when it goes (dropping a
 /// driver stream unsubscribes). A dropped `to` shows only at the next write (the component
 /// model has no other signal), so an idle pump lingers until an item arrives.
 pub async fn pump<T: 'static, U: 'static>(
@@ -63,8 +62,7 @@ pub async fn pump<T: 'static, U: 'static>(
 ) {
     let mut size = ReadSize::default();
     loop {
-        let (result, items) = from.read(size.buffer()).await;
-        size.after(items.len());
+        let (result, items) = size.read(from).await;
         let batch = convert(items);
         if !batch.is_empty() && !to.write_all(batch).await.is_empty() {
             return;

@@ -368,12 +368,9 @@ async fn follow(
 ) {
     let mut size = ReadSize::default();
     let why = loop {
-        let read = pin!(from.read(size.buffer()));
+        let read = pin!(size.read(&mut from));
         let (result, batch) = match select(read, pin!(host::sleep(DEAF_MS))).await {
-            Either::Left((read, _)) => {
-                size.after(read.1.len());
-                read
-            }
+            Either::Left((read, _)) => read,
             Either::Right(_) => {
                 // The server lost the consumer (a restart forgets memory consumers) or the
                 // connection is down: a new consumer from where this tail stands, on the

@@ -183,12 +183,9 @@ impl Inbox {
     async fn read(self: Rc<Self>, queue: String, mut from: StreamReader<Message>) {
         let mut size = ReadSize::default();
         loop {
-            let read = pin!(from.read(size.buffer()));
+            let read = pin!(size.read(&mut from));
             let (result, batch) = match select(read, pin!(self.unsubscribe.wait())).await {
-                Either::Left((read, _)) => {
-                    size.after(read.1.len());
-                    read
-                }
+                Either::Left((read, _)) => read,
                 Either::Right(_) => break,
             };
             self.arrived.borrow_mut().extend(batch);

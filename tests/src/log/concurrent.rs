@@ -1,0 +1,107 @@
+//! Appenders at once: concurrent appends and batches from two instances, each in log order.
+
+use anyhow::{Context as _, ensure};
+use std::collections::HashMap;
+use wrpc_broker::{AppendOptions, ReadFrom};
+
+use super::{take, values};
+use crate::support::{silence, unique};
+use crate::{Factory, ensure_eq};
+
+pub(super) async fn concurrent_appends_get_distinct_ids_in_log_order(
+    f: Factory,
+) -> anyhow::Result<()> {
+    let a = f.instance().await?;
+    let b = f.instance().await?;
+    let topic = unique("concurrent");
+    let writers = [a.log()?, b.log()?]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(w, log)| {
+            let topic = topic.clone();
+            (0..50).map(move |i| {
+                let (log, topic) = (log.clone(), topic.clone());
+                tokio::spawn(async move {
+                    log.append(&topic, format!("w{w}-{i}"), AppendOptions::default())
+                        .await
+                })
+            })
+        });
+    let ids: Vec<String> = futures::future::join_all(writers)
+        .await
+        .into_iter()
+        .map(|r| {
+            r.map_err(anyhow::Error::from)
+                .and_then(|r| r.map_err(anyhow::Error::from))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut reader = a.log()?.read(&topic, ReadFrom::Earliest).await?;
+    let entries = take(&mut reader, 100, "concurrent appends").await?;
+    let mut read_ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+    let offsets: Vec<u64> = entries.iter().map(|e| e.position.offset).collect();
+    ensure!(
+        offsets.windows(2).all(|w| w[1] == w[0] + 1),
+        "dense offsets in read order"
+    );
+    let mut appended = ids.clone();
+    appended.sort();
+    read_ids.sort();
+    ensure_eq!(read_ids, appended, "ids read vs ids the appends returned");
+    Ok(())
+}
+
+/// Two instances append batches of 300 to one topic at once: each batch reads back in its own
+/// order, whatever the interleaving, with every id the appends returned and nothing twice.
+pub(super) async fn batches_from_two_instances_each_keep_their_order(
+    f: Factory,
+) -> anyhow::Result<()> {
+    const BATCHES: usize = 3;
+    const SIZE: usize = 300;
+    let (a, b) = (f.instance().await?, f.instance().await?);
+    let topic = unique("batches");
+    let writers = [a.log()?, b.log()?]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(w, log)| {
+            let topic = topic.clone();
+            (0..BATCHES).map(move |n| {
+                let (log, topic) = (log.clone(), topic.clone());
+                let records = (0..SIZE)
+                    .map(|i| {
+                        (
+                            format!("w{w}b{n}-{i}").into_bytes(),
+                            AppendOptions::default(),
+                        )
+                    })
+                    .collect();
+                tokio::spawn(async move { log.append_batch(&topic, records).await })
+            })
+        });
+    let mut appended = Vec::new();
+    for ids in futures::future::join_all(writers).await {
+        appended.extend(ids??);
+    }
+    let total = 2 * BATCHES * SIZE;
+    ensure_eq!(appended.len(), total, "ids the appends returned");
+    let mut reader = a.log()?.read(&topic, ReadFrom::Earliest).await?;
+    let entries = take(&mut reader, total, "interleaved batches").await?;
+    let mut next_of: HashMap<String, usize> = HashMap::new();
+    for value in values(&entries) {
+        let (batch, i) = value
+            .rsplit_once('-')
+            .with_context(|| format!("unexpected value `{value}`"))?;
+        let next = next_of.entry(batch.to_string()).or_default();
+        ensure_eq!(
+            i.parse::<usize>()?,
+            *next,
+            "the next entry of batch {batch}"
+        );
+        *next += 1;
+    }
+    ensure_eq!(next_of.len(), 2 * BATCHES, "batches read");
+    let mut read_ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+    read_ids.sort();
+    appended.sort();
+    ensure_eq!(read_ids, appended, "ids read vs ids the appends returned");
+    silence(&mut reader, "after the batches").await
+}
