@@ -86,6 +86,10 @@ enum Command {
         /// these counts (e.g. `1,1000,10000`).
         #[arg(long, value_name = "N,N,…", value_delimiter = ',')]
         scale: Vec<usize>,
+        /// Only the rows whose operation contains one of these words (e.g. `catch-up,live`);
+        /// the swap and load tables are left out then (`--only none --scale …`: scale rows only).
+        #[arg(long, value_name = "WORD,WORD,…", value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Serve the four capabilities over HTTP until SIGTERM, configured by a TOML file; an edit
     /// of the file (or SIGHUP) swaps the adapter or migrates the broker of the running host.
@@ -160,6 +164,7 @@ impl Cli {
                 size,
                 duration,
                 scale,
+                only,
             } => {
                 let config = bench::BenchConfig {
                     broker,
@@ -167,14 +172,19 @@ impl Cli {
                     size,
                     duration: Duration::from_secs_f64(duration),
                     scale,
+                    only,
                 };
                 // On a worker of the runtime, where a server's handlers run: `main`'s own
                 // thread is not one, so every call from it would wake a worker across threads.
                 let (rows, extras) =
                     tokio::spawn(async move { bench::run(&config).await }).await??;
                 println!("{}", bench::stats::table(&rows));
-                print!("{}", bench::load_table(&extras.load));
-                print!("{}", bench::swap_table(&extras.swap));
+                if let Some(load) = &extras.load {
+                    print!("{}", bench::load_table(load));
+                }
+                if let Some(swap) = &extras.swap {
+                    print!("{}", bench::swap_table(swap));
+                }
                 if !extras.scale.is_empty() {
                     print!("{}", bench::scale::scale_table(&extras.scale));
                 }

@@ -11,12 +11,12 @@ use wrpc_broker::runtime::bench::{Sample, unique};
 
 use super::{BenchConfig, Setup};
 
-/// Results outside the component/native table.
+/// Results outside the component/native table (no swap and load when `--only` picked rows).
 pub struct Extras {
     /// Load times, cold and cached.
-    pub load: LoadTimes,
+    pub load: Option<LoadTimes>,
     /// Append latency during hot swaps and outside them.
-    pub swap: SwapPause,
+    pub swap: Option<SwapPause>,
     /// Resident memory per idle reader, tail and consumer (`--scale`).
     pub scale: Vec<super::scale::ScaleRow>,
 }

@@ -40,6 +40,20 @@ pub struct BenchConfig {
     pub duration: Duration,
     /// Counts for the scale rows (none: no scale rows).
     pub scale: Vec<usize>,
+    /// Only the rows whose operation contains one of these (none: every row, and the swap and
+    /// load tables).
+    pub only: Vec<String>,
+}
+
+impl BenchConfig {
+    /// Whether the row `operation` is measured.
+    fn wants(&self, operation: &str) -> bool {
+        self.only.is_empty()
+            || self
+                .only
+                .iter()
+                .any(|word| operation.contains(word.as_str()))
+    }
 }
 
 /// Rounds per operation: component, native, component, native, …
@@ -88,7 +102,8 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
             measure!(true, "", $name, $unit, $component, |$n| $native)
         };
         ($exported:expr, $capability:expr, $name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
-            if !$exported {
+            if !config.wants(&$name) {
+            } else if !$exported {
                 eprintln!(
                     "bench: {}: skipped, the adapter exports no {}",
                     $name, $capability
@@ -208,9 +223,12 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
             |n| n.fan_out(&setup.work, subscribers)
         );
     }
-    eprintln!("bench: swap pause");
-    let swap = swap_pause(&setup, config).await?;
-    let load = load_times(config).await?;
+    let (mut swap, mut load) = (None, None);
+    if config.only.is_empty() {
+        eprintln!("bench: swap pause");
+        swap = Some(swap_pause(&setup, config).await?);
+        load = Some(load_times(config).await?);
+    }
     let scale = scale::run(&config.scale, || open(config, &url)).await?;
     Ok((rows, Extras { load, swap, scale }))
 }
