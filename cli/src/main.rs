@@ -18,6 +18,13 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// jemalloc, not glibc's malloc: a host moves every payload between threads (allocated on one
+/// worker, freed on another), where glibc's arenas spent a third of a catch-up read in `free`
+/// and `malloc_consolidate` (BENCHMARKS.md, "The allocator"; mimalloc was as fast but held
+/// 2.5× the memory per idle queue consumer).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use tracing_subscriber::EnvFilter;
 
 /// The log directive that keeps lapin's per-returned-message warning out of the default output.
