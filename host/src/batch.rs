@@ -1,14 +1,18 @@
-//! Coalescing concurrent calls into batches: one task per name (topic, queue, channel) takes
-//! every request waiting and makes one adapter call of them, in order, so throughput under load
-//! pays one boundary crossing per batch. A call failed by a trap is tried again on the
-//! replacement instance.
+//! Coalescing concurrent calls into batches, per name (topic, queue, channel). A call that
+//! finds no other call of its name in flight makes its adapter call at once, on its own task
+//! (no hand-over to another task: one in flight pays one boundary crossing and nothing more).
+//! Calls that arrive while one is in flight wait, in order, and then go as one batch, from a
+//! task started for them that takes every call waiting each time and ends when none is left —
+//! so throughput under load pays one boundary crossing per batch, and one name's calls reach
+//! the adapter one batch at a time, in the order they came. A call failed by a trap is tried
+//! again on the replacement instance.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
@@ -21,68 +25,140 @@ pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Vec<I>) -> Pin
 
 type Request<I, A> = (I, oneshot::Sender<Result<A>>);
 
-/// The batchers of one kind of call, one per name, started on first use.
+/// The batchers of one kind of call, one lane per name while calls of it are in flight.
 pub(crate) struct Batchers<I, A> {
+    shared: Arc<Shared<I, A>>,
+}
+
+struct Shared<I, A> {
     slot: Arc<AdapterSlot>,
     max: usize,
     call: Arc<BatchCall<I, A>>,
-    senders: Mutex<HashMap<String, mpsc::Sender<Request<I, A>>>>,
+    /// A name is here while a call of it is in flight; its value holds the calls waiting.
+    lanes: Mutex<HashMap<String, Vec<Request<I, A>>>>,
 }
 
 impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
     /// Batchers making at most `max` items per `call`.
     pub(crate) fn new(slot: Arc<AdapterSlot>, max: usize, call: Arc<BatchCall<I, A>>) -> Self {
-        Self {
+        let shared = Shared {
             slot,
             max,
             call,
-            senders: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+        };
+        Self {
+            shared: Arc::new(shared),
         }
     }
 
-    /// Queue `item` for `name` and wait for its answer.
+    /// Make the call for `item` of `name` (at once, or with the others waiting) and wait for
+    /// its answer.
     pub(crate) async fn submit(&self, name: &str, item: I) -> Result<A> {
-        let sender = {
-            let mut senders = self.senders.lock().unwrap_or_else(|e| e.into_inner());
-            match senders.get(name).filter(|tx| !tx.is_closed()) {
-                Some(tx) => tx.clone(),
+        let queued = {
+            let mut lanes = self.shared.lanes();
+            match lanes.get_mut(name) {
+                Some(waiting) => {
+                    let (reply, answer) = oneshot::channel();
+                    waiting.push((item, reply));
+                    Err(answer)
+                }
                 None => {
-                    let (tx, rx) = mpsc::channel(4 * self.max);
-                    tokio::spawn(run(
-                        self.slot.clone(),
-                        name.to_string(),
-                        self.max,
-                        self.call.clone(),
-                        rx,
-                    ));
-                    senders.insert(name.to_string(), tx.clone());
-                    tx
+                    lanes.insert(name.to_owned(), Vec::new());
+                    Ok(item)
                 }
             }
         };
-        let (reply, answer) = oneshot::channel();
-        let closed = || Error::Closed("the broker was closed".into());
-        sender.send((item, reply)).await.map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
+        let item = match queued {
+            Ok(item) => item,
+            Err(answer) => {
+                return answer
+                    .await
+                    .map_err(|_| Error::Closed("the broker was closed".into()))?;
+            }
+        };
+        // Whatever becomes of this call (done, failed, or dropped by its caller), the calls
+        // that came meanwhile go on without it.
+        let lead = Lead {
+            shared: self.shared.clone(),
+            name: name.to_owned(),
+        };
+        let answers = self.shared.batch(&lead.name, vec![item]).await;
+        drop(lead);
+        let mut answers = answers?;
+        match answers.len() {
+            1 => Ok(answers.remove(0)),
+            count => Err(Error::Internal(format!(
+                "the adapter answered {count} results for 1 item"
+            ))),
+        }
     }
 }
 
-/// Take every request waiting, make one call of them, hand each its answer.
-async fn run<I: Clone, A>(
-    slot: Arc<AdapterSlot>,
+impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
+    fn lanes(&self) -> MutexGuard<'_, HashMap<String, Vec<Request<I, A>>>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One adapter call of `items`, tried again on the replacement when a trap failed it.
+    async fn batch(&self, name: &str, items: Vec<I>) -> Result<Vec<A>> {
+        self.slot
+            .retry_trapped(|adapter| (self.call)(adapter, name.to_owned(), items.clone()))
+            .await
+    }
+
+    /// The call in flight for `name` ended: the calls waiting go next (from a task of their
+    /// own), or the lane closes when none is.
+    fn hand_over(self: &Arc<Self>, name: &str) {
+        let mut lanes = self.lanes();
+        let waiting = lanes.get_mut(name).map(std::mem::take).unwrap_or_default();
+        if waiting.is_empty() {
+            lanes.remove(name);
+            return;
+        }
+        drop(lanes);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned(), waiting))),
+            // No runtime left to run them (it is shutting down): they end as closed.
+            Err(_) => {
+                self.lanes().remove(name);
+                drop(waiting);
+            }
+        }
+    }
+
+    /// Make the calls of `batch`, then of every call that came meanwhile, `max` at a time,
+    /// until none waits; then close the lane.
+    async fn drain(self: Arc<Self>, name: String, mut batch: Vec<Request<I, A>>) {
+        loop {
+            while !batch.is_empty() {
+                let rest = batch.split_off(batch.len().min(self.max));
+                let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+                let answers = self.batch(&name, items).await;
+                let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
+                hand_out(replies, answers, "items");
+                batch = rest;
+            }
+            let mut lanes = self.lanes();
+            batch = lanes.get_mut(&name).map(std::mem::take).unwrap_or_default();
+            if batch.is_empty() {
+                lanes.remove(&name);
+                return;
+            }
+        }
+    }
+}
+
+/// The call in flight for a name, made on its caller's task: when it ends (or its caller drops
+/// it), the calls waiting behind it go on.
+struct Lead<I: Clone + Send + Sync + 'static, A: Send + 'static> {
+    shared: Arc<Shared<I, A>>,
     name: String,
-    max: usize,
-    call: Arc<BatchCall<I, A>>,
-    mut rx: mpsc::Receiver<Request<I, A>>,
-) {
-    let mut waiting = Vec::with_capacity(max);
-    while rx.recv_many(&mut waiting, max).await > 0 {
-        let (items, replies): (Vec<I>, Vec<_>) = waiting.drain(..).unzip();
-        let answers = slot
-            .retry_trapped(|adapter| call(adapter, name.clone(), items.clone()))
-            .await;
-        let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
-        hand_out(replies, answers, "items");
+}
+
+impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
+    fn drop(&mut self) {
+        self.shared.hand_over(&self.name);
     }
 }
 

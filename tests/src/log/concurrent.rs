@@ -105,3 +105,59 @@ pub(super) async fn batches_from_two_instances_each_keep_their_order(
     ensure_eq!(read_ids, appended, "ids read vs ids the appends returned");
     silence(&mut reader, "after the batches").await
 }
+
+/// An append its caller drops while it is in flight does not strand the appends of its topic
+/// that came behind it: each of them lands and answers its id.
+pub(super) async fn appends_behind_a_dropped_one_still_land(f: Factory) -> anyhow::Result<()> {
+    const BEHIND: usize = 20;
+    let log = f.instance().await?.log()?;
+    let topic = unique("dropped");
+    // One poll puts an append in flight: the appends below find it there and wait behind it.
+    // (On a fast broker its answer can beat that first poll: then it landed, and another goes.)
+    let mut first = None;
+    for _ in 0..50 {
+        let mut append = Box::pin(log.append(&topic, "first", AppendOptions::default()));
+        if futures::poll!(&mut append).is_pending() {
+            first = Some(append);
+            break;
+        }
+    }
+    let first = first.context("50 appends each answered at their first poll: none to drop")?;
+    let behind: Vec<_> = (0..BEHIND)
+        .map(|i| {
+            let (log, topic) = (log.clone(), topic.clone());
+            tokio::spawn(async move {
+                log.append(&topic, format!("behind-{i}"), AppendOptions::default())
+                    .await
+            })
+        })
+        .collect();
+    // `first` is not polled meanwhile, so it stays in flight however soon its answer comes.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    drop(first);
+    let answers = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        futures::future::join_all(behind),
+    )
+    .await
+    .context("the appends behind a dropped one never answered")?;
+    for (i, answer) in answers.into_iter().enumerate() {
+        answer?.with_context(|| format!("append behind-{i}"))?;
+    }
+    // The dropped one may have landed or not; every one behind it did.
+    let mut reader = log.read(&topic, ReadFrom::Earliest).await?;
+    let mut read = Vec::new();
+    while read.len() < BEHIND {
+        let entries = take(&mut reader, 1, "the appends behind a dropped one").await?;
+        read.extend(values(&entries).into_iter().filter(|v| v != "first"));
+    }
+    read.sort();
+    let mut expected: Vec<_> = (0..BEHIND).map(|i| format!("behind-{i}")).collect();
+    expected.sort();
+    ensure_eq!(
+        read,
+        expected,
+        "the appends behind the dropped one, read back"
+    );
+    Ok(())
+}

@@ -17,7 +17,7 @@ use adapter::{
     adapter_range_pages_are_dense_and_ordered, adapter_tail_yields_every_later_entry_once_in_order,
 };
 use concurrent::{
-    batches_from_two_instances_each_keep_their_order,
+    appends_behind_a_dropped_one_still_land, batches_from_two_instances_each_keep_their_order,
     concurrent_appends_get_distinct_ids_in_log_order,
 };
 use ids::{
@@ -51,6 +51,7 @@ crate::contract_tests!(
     an_id_older_than_retention_is_gone [RetentionByCount],
     concurrent_appends_get_distinct_ids_in_log_order,
     batches_from_two_instances_each_keep_their_order,
+    appends_behind_a_dropped_one_still_land,
 );
 
 fn record(value: String) -> RecordIn {
