@@ -1,6 +1,7 @@
 //! `bench --scale`: resident memory per idle thing at growing counts — log readers sharing one
 //! topic (one broker tail for all of them), readers each on a topic of its own (one broker
-//! tail each), queue consumers on one queue — the RSS the process gained divided by the count.
+//! tail each), queue consumers on one queue, topics written once with no reader — the RSS the
+//! process gained divided by the count.
 //! Each kind runs on a host instance of its own (a fresh component, so its linear memory
 //! starts small), its things added cumulatively (1, then up to 1 000, then up to 10 000), and
 //! is dropped, with the freed heap handed back (`malloc_trim`), before the next kind.
@@ -32,6 +33,9 @@ const SHARED_READER: &str = "log reader, one shared topic";
 const TOPIC_TAIL: &str = "topic tail, a topic each";
 /// Queue consumers on one queue.
 const CONSUMER: &str = "queue consumer, one queue";
+/// Topics appended to once and then left alone (no reader): what the host keeps per topic it
+/// wrote to.
+const WRITTEN_TOPIC: &str = "topic written once, no reader";
 
 /// How long the process settles before its resident set is read.
 const SETTLE: Duration = Duration::from_millis(300);
@@ -105,8 +109,19 @@ struct Mapping {
 const GUARD: u64 = 1 << 30;
 
 /// Hand freed heap pages back to the system, so the next kind's baseline is not a heap full of
-/// the last one's free memory.
+/// the last one's free memory (jemalloc's, the CLI's allocator, and glibc's, for C code).
 fn trim() {
+    // SAFETY: `arena.<all>.purge` reads and writes no value (null pointers, length 0); it only
+    // returns jemalloc's unused dirty pages to the system.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator; no pointer is touched.
     unsafe {
@@ -124,6 +139,7 @@ async fn settled_rss() -> (u64, u64) {
 enum Held {
     Reader(#[allow(dead_code)] wrpc_broker::Reader),
     Consumer(#[allow(dead_code)] wrpc_broker::Consumer),
+    Written,
 }
 
 /// Measure every kind at `counts` (ascending) on instances `open` makes.
@@ -133,7 +149,7 @@ where
     Fut: Future<Output = anyhow::Result<Broker>>,
 {
     let mut rows = Vec::new();
-    for kind in [SHARED_READER, TOPIC_TAIL, CONSUMER] {
+    for kind in [SHARED_READER, TOPIC_TAIL, CONSUMER, WRITTEN_TOPIC] {
         let broker = open().await?;
         let shared = unique("scale");
         let mut held: Vec<Held> = Vec::new();
@@ -153,6 +169,14 @@ where
                             .read(&format!("{shared}-{n}"), ReadFrom::Latest)
                             .await?,
                     ),
+                    WRITTEN_TOPIC => {
+                        let topic = format!("{shared}-{n}");
+                        broker
+                            .log()?
+                            .append(&topic, "x", Default::default())
+                            .await?;
+                        Held::Written
+                    }
                     _ => Held::Consumer(
                         broker
                             .queue()?
@@ -180,7 +204,7 @@ where
         // Stopped together: each stop waits for its consumer's receive (up to 250 ms).
         let stops = held.drain(..).filter_map(|thing| match thing {
             Held::Consumer(consumer) => Some(async move { consumer.stop().await }),
-            Held::Reader(_) => None,
+            Held::Reader(_) | Held::Written => None,
         });
         futures::future::join_all(stops).await;
         broker.close();
