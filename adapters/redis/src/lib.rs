@@ -366,6 +366,7 @@ async fn load_scripts(config: &Config) -> Result<(), Error> {
         log::APPEND,
         log::RANGE,
         queue::SETTLE,
+        queue::ACK_ALL,
         queue::MOVE_DUE,
         queue::FORGET_CONSUMER,
         direct::SEND,

@@ -9,7 +9,8 @@
 //! `{P}:qd:<q>` back onto the stream with a Lua script (`ZREM` + `XADD`, one clock: `TIME`).
 //!
 //! Every settlement is one Lua script that acknowledges the entry and, in the same atomic step,
-//! writes the copy first: ack → `XACK` + `XDEL`; retry(d) → `ZADD` the copy (attempt + 1) due
+//! writes the copy first: ack → `XACK` + `XDEL` (the acks of one `queue.settle` batch in one
+//! script call); retry(d) → `ZADD` the copy (attempt + 1) due
 //! at `TIME + d` (d = 0: `XADD` it); release → `XADD` a copy with the same attempt (back of the
 //! queue); dead-letter → `XADD` to the dead-letter stream with `x-wrpc-dead-reason` and
 //! `x-wrpc-attempt`. An entry no longer pending (reclaimed and settled elsewhere) is left alone.
@@ -18,7 +19,10 @@
 //! `XAUTOCLAIM` sweep takes it — never moved past, and the consumer is unhealthy until a
 //! settlement lands.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::task::Poll;
+
+use futures::channel::oneshot;
 
 use crate::exports::wrpc::broker::queue::{
     ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement,
@@ -49,6 +53,17 @@ if acked == 1 then
   redis.call('XDEL', KEYS[1], ARGV[3])
 end
 return acked
+"#;
+
+/// Acknowledge several entries at once, each as [`SETTLE`]'s `ack` does (`XACK`, then `XDEL`
+/// when it was pending). KEYS: queue stream. ARGV: the marker `wrpc-settle`, group, entry ids.
+pub(crate) const ACK_ALL: &str = r#"
+for i = 3, #ARGV do
+  if redis.call('XACK', KEYS[1], ARGV[2], ARGV[i]) == 1 then
+    redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+end
+return 1
 "#;
 
 /// Move due delayed retries onto the stream. KEYS: delayed set, stream. ARGV: most to move.
@@ -102,7 +117,12 @@ struct GroupMember {
     next_claim: Cell<u64>,
     /// Sweep at the next receive (a delivery was handed back).
     claim_now: Cell<bool>,
+    /// Acks waiting to go to the server together (see [`GroupMember::ack`]).
+    acks: RefCell<Vec<PendingAck>>,
 }
+
+/// An ack waiting for the script call that carries it: the entry id and where its answer goes.
+type PendingAck = (Vec<u8>, oneshot::Sender<Result<(), Error>>);
 
 /// Create the group (from the start of the stream, creating the stream); existing is fine.
 async fn ensure_group(key: &[u8]) -> Result<(), Error> {
@@ -272,6 +292,40 @@ impl GroupMember {
     }
 }
 
+impl GroupMember {
+    /// One [`ACK_ALL`] script call for `ids`; tried again while the connection is down, like
+    /// [`Self::script`] (an entry already acked is left alone).
+    async fn ack_all(&self, ids: Vec<Vec<u8>>) -> Result<(), Error> {
+        let mut argv = args!["wrpc-settle", GROUP];
+        argv.extend(ids);
+        let keys = vec![self.key.clone()];
+        let deadline = host::now_ms() + SETTLE_PATIENCE_MS;
+        loop {
+            match eval(ACK_ALL, keys.clone(), argv.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
+                    host::sleep(100).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Pending once (waking itself at once): the futures polled beside this one run first.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 impl queue::Broker for GroupMember {
     /// Each delivery is settled on its own; a batch's calls may overlap.
     const CONCURRENT_SETTLES: bool = true;
@@ -318,8 +372,26 @@ impl queue::Broker for GroupMember {
         let _ = cmd(call).await;
     }
 
+    /// The acks of one `queue.settle` batch (its settlements run together) go as one script
+    /// call: the first to arrive lets the others of its batch join, then sends them all.
     async fn ack(&self, held: &Received<Vec<u8>>) -> Result<(), Error> {
-        self.script(held, &self.key, "ack", None).await
+        let (tx, rx) = oneshot::channel();
+        let first = {
+            let mut acks = self.acks.borrow_mut();
+            acks.push((held.handle.clone(), tx));
+            acks.len() == 1
+        };
+        if first {
+            yield_once().await;
+            let batch = std::mem::take(&mut *self.acks.borrow_mut());
+            let (ids, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let answer = self.ack_all(ids).await;
+            for reply in replies {
+                let _ = reply.send(answer.clone());
+            }
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(Error::internal("an ack's script call was dropped")))
     }
 
     async fn copy_then_ack(&self, held: &Received<Vec<u8>>, copy: Copy<'_>) -> Result<(), Error> {
@@ -418,6 +490,7 @@ impl Guest for Component {
             next_move: Cell::new(now),
             next_claim: Cell::new(now),
             claim_now: Cell::new(false),
+            acks: RefCell::new(Vec::new()),
         };
         let (tx, rx) = crate::wit_stream::new::<Delivery>();
         Ok((

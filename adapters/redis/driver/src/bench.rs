@@ -181,7 +181,13 @@ impl Native {
                     if ids.is_empty() {
                         continue;
                     }
-                    let _: u64 = connection.xack(&key, "g", &ids).await?;
+                    // What the adapter's ack does: acknowledge, and delete the entries (the
+                    // queue's depth is the stream's length), in one round trip.
+                    let _: (u64, u64) = redis::pipe()
+                        .xack(&key, "g", &ids)
+                        .xdel(&key, &ids)
+                        .query_async(&mut connection)
+                        .await?;
                     done += ids.len() as u64;
                 }
                 Ok(QUEUE_BATCH)
