@@ -255,8 +255,7 @@ impl GroupMember {
     }
 
     /// One settle script call (see [`SETTLE`]): acknowledge `held` and, for `copy` and `delay`,
-    /// write the copy to `target` in the same step. Safe to repeat: an entry already acked is
-    /// left alone, so it is tried again while the connection is down.
+    /// write the copy to `target` in the same step.
     async fn script(
         &self,
         held: &Received<Vec<u8>>,
@@ -279,35 +278,32 @@ impl GroupMember {
             host::generate_id()
         ];
         let keys = vec![self.key.clone(), target.to_vec()];
-        let deadline = host::now_ms() + SETTLE_PATIENCE_MS;
-        loop {
-            match eval(SETTLE, keys.clone(), argv.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
-                    host::sleep(100).await
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        settle_script(SETTLE, keys, argv).await
     }
-}
 
-impl GroupMember {
-    /// One [`ACK_ALL`] script call for `ids`; tried again while the connection is down, like
-    /// [`Self::script`] (an entry already acked is left alone).
+    /// One [`ACK_ALL`] script call for `ids`; like [`Self::script`], safe to repeat.
     async fn ack_all(&self, ids: Vec<Vec<u8>>) -> Result<(), Error> {
         let mut argv = args!["wrpc-settle", GROUP];
         argv.extend(ids);
-        let keys = vec![self.key.clone()];
-        let deadline = host::now_ms() + SETTLE_PATIENCE_MS;
-        loop {
-            match eval(ACK_ALL, keys.clone(), argv.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
-                    host::sleep(100).await
-                }
-                Err(e) => return Err(e),
+        settle_script(ACK_ALL, vec![self.key.clone()], argv).await
+    }
+}
+
+/// Call a settle script, again every 100 ms while the connection is down (for up to
+/// [`SETTLE_PATIENCE_MS`]): each is safe to repeat (an entry already acked is left alone).
+async fn settle_script(
+    body: &'static str,
+    keys: Vec<Vec<u8>>,
+    argv: Vec<Vec<u8>>,
+) -> Result<(), Error> {
+    let deadline = host::now_ms() + SETTLE_PATIENCE_MS;
+    loop {
+        match eval(body, keys.clone(), argv.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if crate::is_connection_lost(&e) && host::now_ms() < deadline => {
+                host::sleep(100).await
             }
+            Err(e) => return Err(e),
         }
     }
 }
