@@ -18,6 +18,7 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::EnvFilter;
 
 /// jemalloc, not glibc's malloc: a host moves every payload between threads (allocated on one
 /// worker, freed on another), where glibc's arenas spent a third of a catch-up read in `free`
@@ -25,7 +26,6 @@ use clap::Parser;
 /// 2.5× the memory per idle queue consumer).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use tracing_subscriber::EnvFilter;
 
 /// The log directive that keeps lapin's per-returned-message warning out of the default output.
 const QUIET_RETURNS: &str = "lapin::returned_messages=error";

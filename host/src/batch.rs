@@ -107,16 +107,23 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
             .await
     }
 
-    /// The call in flight for `name` ended: the calls waiting go next (from a task of their
-    /// own), or the lane closes when none is.
-    fn hand_over(self: &Arc<Self>, name: &str) {
+    /// The calls waiting behind the one in flight for `name`, taken off its lane; none waiting
+    /// closes the lane (the next call of `name` goes at once again).
+    fn next_batch(&self, name: &str) -> Option<Vec<Request<I, A>>> {
         let mut lanes = self.lanes();
         let waiting = lanes.get_mut(name).map(std::mem::take).unwrap_or_default();
         if waiting.is_empty() {
             lanes.remove(name);
-            return;
+            return None;
         }
-        drop(lanes);
+        Some(waiting)
+    }
+
+    /// The call in flight for `name` ended: the calls waiting go next, from a task of their own.
+    fn hand_over(self: &Arc<Self>, name: &str) {
+        let Some(waiting) = self.next_batch(name) else {
+            return;
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned(), waiting))),
             // No runtime left to run them (it is shutting down): they end as closed.
@@ -128,7 +135,7 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     }
 
     /// Make the calls of `batch`, then of every call that came meanwhile, `max` at a time,
-    /// until none waits; then close the lane.
+    /// until none waits.
     async fn drain(self: Arc<Self>, name: String, mut batch: Vec<Request<I, A>>) {
         loop {
             while !batch.is_empty() {
@@ -139,11 +146,9 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
                 hand_out(replies, answers, "items");
                 batch = rest;
             }
-            let mut lanes = self.lanes();
-            batch = lanes.get_mut(&name).map(std::mem::take).unwrap_or_default();
-            if batch.is_empty() {
-                lanes.remove(&name);
-                return;
+            match self.next_batch(&name) {
+                Some(waiting) => batch = waiting,
+                None => return,
             }
         }
     }

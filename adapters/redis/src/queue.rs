@@ -38,8 +38,8 @@ use wrpc_broker_guest::{Error, Headers, Tag, headers, host};
 wrpc_broker_guest::queue_conversions!(crate::exports::wrpc::broker::queue);
 
 /// Settle one entry. KEYS: queue stream, target (stream or delayed set). ARGV: the marker
-/// `wrpc-settle` (fault injection matches it), group, entry id, op (`ack`, `copy`, `delay`),
-/// body, headers, delay ms, member id. Returns 1 when the entry was pending, else 0.
+/// `wrpc-settle` (fault injection matches it), group, entry id, op (`copy`, `delay`; any other
+/// only acks — plain acks go by [`ACK_ALL`]), body, headers, delay ms, member id. Returns 1 when the entry was pending, else 0.
 pub(crate) const SETTLE: &str = r#"
 local acked = redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
 if acked == 1 then
@@ -254,26 +254,23 @@ impl GroupMember {
         }
     }
 
-    /// One settle script call (see [`SETTLE`]): acknowledge `held` and, for `copy` and `delay`,
-    /// write the copy to `target` in the same step.
+    /// One settle script call (see [`SETTLE`]): acknowledge `held` and write its copy (these
+    /// headers; `delay` ms for `delay`) to `target` in the same step. Plain acks go by
+    /// [`Self::ack_all`].
     async fn script(
         &self,
         held: &Received<Vec<u8>>,
         target: &[u8],
         op: &str,
-        copy: Option<(Headers, u32)>,
+        (headers, delay): (Headers, u32),
     ) -> Result<(), Error> {
-        let (body, copy_headers, delay) = match copy {
-            Some((headers, delay)) => (held.body.clone(), encode_headers(&headers), delay),
-            None => (Vec::new(), Vec::new(), 0),
-        };
         let argv = args![
             "wrpc-settle",
             GROUP,
             &held.handle,
             op,
-            body,
-            copy_headers,
+            held.body.clone(),
+            encode_headers(&headers),
             delay,
             host::generate_id()
         ];
@@ -397,15 +394,14 @@ impl queue::Broker for GroupMember {
             CopyTo::Queue if copy.delay_ms == 0 => (&self.key, "copy"),
             CopyTo::Queue => (&self.delayed, "delay"),
         };
-        let copy = Some((headers, copy.delay_ms));
+        let copy = (headers, copy.delay_ms);
         tried(|| self.script(held, target, op, copy.clone())).await
     }
 
     /// A copy with the same attempt at the back of the queue, in the same step as the ack.
     async fn release(&self, held: &Received<Vec<u8>>) -> Result<(), Error> {
         let headers = headers::with_attempt(held.headers.clone(), held.attempt);
-        self.script(held, &self.key, "copy", Some((headers, 0)))
-            .await
+        self.script(held, &self.key, "copy", (headers, 0)).await
     }
 
     /// Make the entry claimable at once: idle as long as the visibility, so the next sweep (of

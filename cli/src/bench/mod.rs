@@ -103,6 +103,7 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         };
         ($exported:expr, $capability:expr, $name:expr, $unit:expr, $component:expr, |$n:ident| $native:expr) => {{
             if !config.wants(&$name) {
+                // Not asked for (`--only`).
             } else if !$exported {
                 eprintln!(
                     "bench: {}: skipped, the adapter exports no {}",

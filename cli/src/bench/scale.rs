@@ -4,7 +4,8 @@
 //! process gained divided by the count.
 //! Each kind runs on a host instance of its own (a fresh component, so its linear memory
 //! starts small), its things added cumulatively (1, then up to 1 000, then up to 10 000), and
-//! is dropped, with the freed heap handed back (`malloc_trim`), before the next kind.
+//! is dropped, with the freed heap handed back (`trim`: jemalloc's purge and glibc's
+//! `malloc_trim`), before the next kind.
 
 use std::time::Duration;
 
