@@ -44,20 +44,22 @@ pub fn workspace_root() -> PathBuf {
 /// folder above the driver) and export its path as `WRPC_<NAME>_COMPONENT`, for the driver's
 /// `include_bytes!` of the adapter it ships for its URLs.
 pub fn embed_adapter(name: &str) {
-    // Only what this adapter is built from: not the driver beside it (host code), nor the
+    // Only what this adapter is built from: its folder (sources, WIT, files it includes such
+    // as the Redis adapter's Lua scripts), not the driver beside it (host code), nor the
     // other adapters.
     let root = workspace_root();
     let own = root.join("adapters").join(name);
-    let inputs = [
+    let own_inputs = std::fs::read_dir(&own)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", own.display()))
+        .map(|entry| entry.expect("reading the adapter's folder").path())
+        .filter(|path| !path.ends_with("driver"));
+    let shared = [
         root.join("wit"),
         root.join("guest-sdk"),
         root.join("Cargo.toml"),
         root.join("Cargo.lock"),
-        own.join("Cargo.toml"),
-        own.join("src"),
-        own.join("wit"),
     ];
-    for path in inputs {
+    for path in shared.into_iter().chain(own_inputs) {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     let package = format!("wrpc-adapter-{name}");

@@ -33,40 +33,12 @@ use wrpc_broker_guest::{Error, Position, Start};
 
 /// Append records; create the stream's epoch with the stream. KEYS: stream, epoch key.
 /// ARGV: new epoch, maxlen, then per record value, headers, has-key (`0`/`1`), key.
-pub(crate) const APPEND: &str = r#"
-local epoch = redis.call('GET', KEYS[2])
-if (not epoch) or redis.call('EXISTS', KEYS[1]) == 0 then
-  epoch = ARGV[1]
-  redis.call('SET', KEYS[2], epoch)
-end
-local ids = {}
-for i = 3, #ARGV, 4 do
-  if ARGV[i + 2] == '1' then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[2], '0-*', 'v', ARGV[i], 'h', ARGV[i + 1], 'k', ARGV[i + 3])
-  else
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[2], '0-*', 'v', ARGV[i], 'h', ARGV[i + 1])
-  end
-end
-return {epoch, ids}
-"#;
+pub(crate) const APPEND: &str = include_str!("../scripts/append.lua");
 
 /// The state of a stream and a page of it, atomically. KEYS: stream, epoch key. ARGV: start
 /// (`-` or `(0-n`), count (0: state only). Returns {epoch, last-generated-id,
 /// max-deleted-entry-id, first entry id, entries} or {false} when there is no stream.
-pub(crate) const RANGE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {false} end
-local epoch = redis.call('GET', KEYS[2])
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local f = {}
-for i = 1, #info, 2 do f[info[i]] = info[i + 1] end
-local first = false
-if f['first-entry'] then first = f['first-entry'][1] end
-local entries = {}
-if tonumber(ARGV[2]) > 0 then
-  entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
-end
-return {epoch, f['last-generated-id'], f['max-deleted-entry-id'] or '0-0', first, entries}
-"#;
+pub(crate) const RANGE: &str = include_str!("../scripts/range.lua");
 
 /// Entries a live read takes per `XREAD`.
 const READ_COUNT: u32 = 1024;

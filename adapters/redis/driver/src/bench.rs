@@ -1,6 +1,8 @@
 //! The native side for Redis: the commands the Redis adapter issues, sent directly with the
-//! `redis` crate (XADD with MAXLEN, XRANGE pages, XREAD BLOCK, XREADGROUP + XACK, a list per
-//! inbox with BLPOP, PUBLISH/SUBSCRIBE).
+//! `redis` crate — the adapter's own Lua scripts where it sends one (`scripts/append.lua`: the
+//! epoch check and `XADD … MAXLEN`; `scripts/range.lua`: a catch-up page with the stream's
+//! state), XREAD BLOCK, XREADGROUP + XACK/XDEL, a list per inbox with BLPOP,
+//! PUBLISH/SUBSCRIBE.
 
 use std::time::{Duration, Instant};
 
@@ -8,12 +10,20 @@ use anyhow::Context as _;
 use futures::StreamExt;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
+use redis::streams::{StreamReadOptions, StreamReadReply};
 
 use wrpc_broker_runtime::bench::{
     CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
     shared_subscription, timed, unique,
 };
+
+/// The adapter's scripts, sent as it sends them.
+const APPEND: &str = include_str!("../../scripts/append.lua");
+const RANGE: &str = include_str!("../../scripts/range.lua");
+/// What the adapter writes as the `h` field of a record without headers (a zero count).
+const NO_HEADERS: &[u8] = &[0; 4];
+/// Entries per catch-up page: the host's page size (`host/src/log`).
+const PAGE: u32 = 256;
 
 /// A client of the Redis server the broker uses.
 pub struct Native {
@@ -34,25 +44,33 @@ impl Native {
 
     pub async fn log_append(&self, work: &Workload, in_flight: usize) -> anyhow::Result<Sample> {
         let key = unique("native-append");
+        let epoch = format!("{key}:epoch");
         let deadline = Instant::now() + work.slice;
         let started = Instant::now();
         let connection = self.connection().await?;
         let workers = (0..in_flight).map(|_| {
-            let (mut connection, key, payload) =
-                (connection.clone(), key.clone(), work.payload.clone());
+            let (mut connection, key, epoch, payload) = (
+                connection.clone(),
+                key.clone(),
+                epoch.clone(),
+                work.payload.clone(),
+            );
+            let append = redis::Script::new(APPEND);
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let _: String = redis::cmd("XADD")
-                        .arg(&key)
-                        .arg("MAXLEN")
-                        .arg("=")
+                    // The adapter's append script (epoch check, then `XADD … MAXLEN = 0-*`).
+                    let _: redis::Value = append
+                        .key(&key)
+                        .key(&epoch)
+                        .arg("native")
                         .arg(10_000)
-                        .arg("*")
-                        .arg("v")
                         .arg(&payload)
-                        .query_async(&mut connection)
+                        .arg(NO_HEADERS)
+                        .arg("0")
+                        .arg("")
+                        .invoke_async(&mut connection)
                         .await?;
                     latencies.push(t.elapsed());
                 }
@@ -60,47 +78,69 @@ impl Native {
             })
         });
         let sample = joined(started, workers).await?;
-        let _: () = connection.clone().del(&key).await?;
+        let _: () = connection.clone().del(&[&key, &epoch]).await?;
         Ok(sample)
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
         let key = unique("native-catchup");
+        let epoch = format!("{key}:epoch");
         let mut connection = self.connection().await?;
+        let _: () = connection.set(&epoch, "native").await?;
         for _ in 0..CATCH_UP / 250 {
             let mut pipe = redis::pipe();
             for _ in 0..250 {
                 pipe.cmd("XADD")
                     .arg(&key)
-                    .arg("*")
+                    .arg("0-*")
                     .arg("v")
                     .arg(&work.payload)
+                    .arg("h")
+                    .arg(NO_HEADERS)
                     .ignore();
             }
             let _: () = pipe.query_async(&mut connection).await?;
         }
         let sample = timed(work.slice, || {
-            let (mut connection, key) = (connection.clone(), key.clone());
+            let (mut connection, key, epoch) = (connection.clone(), key.clone(), epoch.clone());
             async move {
+                // The adapter's page: the stream's state and 256 entries, one script call.
+                let range = redis::Script::new(RANGE);
                 let mut start = "-".to_string();
                 let mut read = 0;
                 loop {
-                    let page: StreamRangeReply =
-                        connection.xrange_count(&key, &start, "+", 256).await?;
-                    let Some(last) = page.ids.last() else { break };
-                    start = format!("({}", last.id);
-                    read += page.ids.len();
+                    let page: (
+                        redis::Value,
+                        redis::Value,
+                        redis::Value,
+                        redis::Value,
+                        Vec<redis::Value>,
+                    ) = range
+                        .key(&key)
+                        .key(&epoch)
+                        .arg(&start)
+                        .arg(PAGE)
+                        .invoke_async(&mut connection)
+                        .await?;
+                    let Some(redis::Value::Array(last)) = page.4.last() else {
+                        break;
+                    };
+                    let id: String = redis::from_redis_value(&last[0])?;
+                    start = format!("({id}");
+                    read += page.4.len();
                 }
                 Ok(read as u64)
             }
         })
         .await;
-        let _: () = connection.del(&key).await?;
+        let _: () = connection.del(&[&key, &epoch]).await?;
         sample
     }
 
     pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
         let key = unique("native-live");
+        let epoch = format!("{key}:epoch");
+        let append = redis::Script::new(APPEND);
         let mut writer = self.connection().await?;
         let mut reader = self.client.get_multiplexed_async_connection().await?;
         let mut last = "$".to_string();
@@ -123,9 +163,22 @@ impl Native {
             if last == "$" {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let id: String = writer
-                .xadd(&key, "*", &[("v", work.payload.as_slice())])
+            // The adapter's append script, as in the append rows.
+            let (_, ids): (redis::Value, Vec<String>) = append
+                .key(&key)
+                .key(&epoch)
+                .arg("native")
+                .arg(10_000)
+                .arg(&work.payload)
+                .arg(NO_HEADERS)
+                .arg("0")
+                .arg("")
+                .invoke_async(&mut writer)
                 .await?;
+            let id = ids
+                .into_iter()
+                .next()
+                .context("the append script gave no id")?;
             let reply = read.await??;
             reply
                 .keys
@@ -137,7 +190,7 @@ impl Native {
             sample.ops += 1;
         }
         sample.elapsed = started.elapsed();
-        let _: () = reader.del(&key).await?;
+        let _: () = reader.del(&[&key, &epoch]).await?;
         Ok(sample)
     }
 
