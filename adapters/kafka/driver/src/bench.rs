@@ -5,7 +5,7 @@
 //! driver's readers are); a live read by one assign-mode reader from the high watermark; for
 //! the queue, a batch produced at once to a four-partition topic (the host's produce batch,
 //! every delivery report awaited), consumed by a range-assigned group member that commits
-//! synchronously, once per `prefetch` records, the next offset of each partition they came
+//! synchronously, one commit in flight while it goes on taking records, once per `prefetch` records, the next offset of each partition they came
 //! from (the adapter's settlements of a batch share a commit per partition); produces keyed by
 //! channel to a one-partition topic read by one assign-mode reader from the high watermark,
 //! its payloads fanned out locally, for the backplane. There is no direct row (the adapter
@@ -32,6 +32,24 @@ use wrpc_broker_runtime::bench::{
 const WAIT: Duration = Duration::from_secs(10);
 /// The host's page size for a catch-up read (`host/src/log`).
 const PAGE: u64 = 256;
+
+/// A commit in flight off the runtime.
+type Commit = tokio::task::JoinHandle<Result<(), crate::bindings::wit::KafkaError>>;
+
+/// Commit `list` synchronously for `consumer`, off the runtime (the driver's commit).
+fn spawn_commit(consumer: &Arc<StreamConsumer>, list: TopicPartitionList) -> Commit {
+    let consumer = consumer.clone();
+    tokio::task::spawn_blocking(move || {
+        consumer
+            .commit(&list, CommitMode::Sync)
+            .map_err(crate::convert::error)
+    })
+}
+
+/// Wait for a commit spawned off the runtime.
+async fn committed(commit: Commit) -> anyhow::Result<()> {
+    commit.await?.map_err(|e| anyhow::anyhow!("commit: {e:?}"))
+}
 
 /// Clients of the cluster the broker uses.
 pub struct Native {
@@ -119,7 +137,22 @@ impl Native {
         config.set("partition.assignment.strategy", "range");
         let consumer: Arc<StreamConsumer> = Arc::new(config.create()?);
         consumer.subscribe(&[name.as_str()])?;
+        // Join the group before the clock starts (the adapter's consumer has joined when the
+        // row's clock starts): one record through and committed.
+        self.send(&name, None, &work.payload).await?;
+        let first = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .context("no record within 10 s")??;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(
+            first.topic(),
+            first.partition(),
+            Offset::Offset(first.offset() + 1),
+        )?;
+        drop(first);
+        committed(spawn_commit(&consumer, list)).await?;
         let mut sample = Sample::default();
+        let mut in_flight: Option<Commit> = None;
         let started = Instant::now();
         while started.elapsed() < work.slice {
             let sends = (0..QUEUE_BATCH).map(|_| self.send(&name, None, &work.payload));
@@ -128,6 +161,9 @@ impl Native {
             }
             // Each `prefetch` records taken, one commit of the next offset of every partition
             // they came from: what the adapter's coalesced commits of a settled batch amount to.
+            // As in the driver, one commit is in flight at a time and the records keep coming
+            // meanwhile (the adapter's settlements wait on the member's commit lock, its
+            // deliveries do not). As the adapter's row, a batch counts once its records are taken.
             let mut next: std::collections::BTreeMap<(String, i32), i64> = Default::default();
             for taken in 1..=QUEUE_BATCH {
                 {
@@ -143,16 +179,15 @@ impl Native {
                 for ((topic, partition), offset) in std::mem::take(&mut next) {
                     list.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
                 }
-                let consumer = consumer.clone();
-                blocking(move || {
-                    consumer
-                        .commit(&list, CommitMode::Sync)
-                        .map_err(crate::convert::error)
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("commit: {e:?}"))?;
+                if let Some(previous) = in_flight.take() {
+                    committed(previous).await?;
+                }
+                in_flight = Some(spawn_commit(&consumer, list));
             }
             sample.ops += QUEUE_BATCH;
+        }
+        if let Some(last) = in_flight {
+            committed(last).await?;
         }
         sample.elapsed = started.elapsed();
         let _ = blocking(move || {
