@@ -11,6 +11,12 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "wrpc-broker", version, about)]
 pub struct Cli {
+    /// Worker threads of the host's runtime (default: one per core, or `TOKIO_WORKER_THREADS`).
+    /// Every call into a component hands over between tasks; on a machine with few cores,
+    /// fewer workers means fewer of those hand-overs wake a parked thread (BENCHMARKS.md,
+    /// "One worker").
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -124,6 +130,11 @@ enum Command {
 }
 
 impl Cli {
+    /// Whether the command is `serve` (a long-running server: its logs default to `info`).
+    pub fn serves(&self) -> bool {
+        matches!(self.command, Command::Serve { .. })
+    }
+
     /// Run the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {

@@ -30,10 +30,25 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// The log directive that keeps lapin's per-returned-message warning out of the default output.
 const QUIET_RETURNS: &str = "lapin::returned_messages=error";
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let serving = std::env::args().nth(1).as_deref() == Some("serve");
-    let level = if serving { "info" } else { "warn" };
+/// Parse the command line, then run it on a runtime of `--workers` threads.
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = cli.workers {
+        runtime.worker_threads(usize::from(workers));
+    }
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Set up logging and run the command.
+async fn run(cli: cli::Cli) -> ExitCode {
+    let level = if cli.serves() { "info" } else { "warn" };
     // lapin logs every message the broker returns at WARN, body included; a return is how the
     // RabbitMQ adapter learns a direct request had no listener (503), so it is no warning here.
     let default = format!("{level},{QUIET_RETURNS}");
@@ -44,7 +59,7 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let result: anyhow::Result<()> = cli::Cli::parse().run().await;
+    let result: anyhow::Result<()> = cli.run().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

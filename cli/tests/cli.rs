@@ -271,3 +271,13 @@ fn demo_output_in_a_file_has_no_colour_codes() {
     );
     assert!(!all.contains('\u{1b}'), "an escape code in:\n{all}");
 }
+
+#[test]
+fn workers_sets_the_runtime_and_refuses_zero() {
+    let output = wrpc_broker(&["--workers", "1", "demo"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("reader 2 resumed with orders 3, 4 and 5"));
+    let output = wrpc_broker(&["demo", "--workers", "0"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("--workers"), "{}", stderr(&output));
+}
