@@ -1,15 +1,16 @@
 //! The native side for Kafka: what the Kafka adapter issues, issued directly with `rdkafka`:
 //! idempotent `acks=all` produces awaiting each delivery report to a one-partition topic for
-//! the log; catch-up as the adapter's `range`: per page of 256, the watermarks and an
-//! assign-mode reader from the page's offset, closed in the background after the page (as the
-//! driver's readers are); a live read by one assign-mode reader from the high watermark; for
-//! the queue, a batch produced at once to a four-partition topic (the host's produce batch,
-//! every delivery report awaited), consumed by a range-assigned group member that commits
-//! synchronously, one commit in flight while it goes on taking records, once per `prefetch` records, the next offset of each partition they came
-//! from (the adapter's settlements of a batch share a commit per partition); produces keyed by
-//! channel to a one-partition topic read by one assign-mode reader from the high watermark,
-//! its payloads fanned out locally, for the backplane. There is no direct row (the adapter
-//! exports no direct).
+//! the log (a batch: every record produced at once); catch-up as the adapter's `range`: per
+//! page of 256, the watermarks and an assign-mode reader from the page's offset, closed in the
+//! background after the page (as the driver's readers are); a live read by one assign-mode
+//! reader from the high watermark; for the queue, a batch produced at once to a four-partition
+//! topic (the host's produce batch, every delivery report awaited), consumed by a
+//! range-assigned group member, joined before the clock starts, that commits synchronously
+//! once per `prefetch` records the next offset of each partition they came from (the
+//! adapter's settlements of a batch share a commit per partition), one commit in flight while
+//! it goes on taking records; produces keyed by channel to a one-partition topic read by one
+//! assign-mode reader from the high watermark, its payloads fanned out locally, for the
+//! backplane. There is no direct row (the adapter exports no direct).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +25,8 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::client::{self, blocking, consumer_config};
 use wrpc_broker_runtime::bench::{
-    BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
-    shared_subscription, timed, unique,
+    APPEND_BATCH, BenchFuture, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample,
+    Workload, shared_subscription, timed, unique,
 };
 
 /// How long the bench waits for one record.
@@ -101,6 +102,23 @@ impl Native {
             .await
             .map_err(|(e, _)| anyhow::anyhow!("produce to {topic}: {e}"))?;
         Ok(())
+    }
+
+    /// Batches of [`APPEND_BATCH`] to a one-partition topic, one at a time: every record
+    /// produced at once, every delivery report awaited (the adapter's batch append).
+    pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let name = unique("native-batch");
+        self.topic(&name, 1).await?;
+        let sample = timed(work.slice, || async {
+            let sends = (0..APPEND_BATCH).map(|_| self.send(&name, None, &work.payload));
+            for sent in futures::future::join_all(sends).await {
+                sent?;
+            }
+            Ok(APPEND_BATCH as u64)
+        })
+        .await;
+        self.drop_topic(&name).await?;
+        sample
     }
 
     pub async fn log_append(
@@ -320,6 +338,10 @@ pub struct Shared(pub Arc<Native>);
 impl NativeBench for Shared {
     fn log_append<'a>(&'a self, work: &'a Workload, in_flight: usize) -> BenchFuture<'a> {
         Box::pin(async move { self.0.log_append(work, in_flight).await.map(Some) })
+    }
+
+    fn log_append_batch<'a>(&'a self, work: &'a Workload) -> BenchFuture<'a> {
+        Box::pin(async move { self.0.log_append_batch(work).await.map(Some) })
     }
 
     fn queue_round_trip<'a>(&'a self, work: &'a Workload, prefetch: u32) -> BenchFuture<'a> {

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
     shared_subscription, timed, unique,
 };
 
@@ -80,6 +80,30 @@ impl Native {
         let sample = joined(started, workers).await?;
         let _: () = connection.clone().del(&[&key, &epoch]).await?;
         Ok(sample)
+    }
+
+    /// Batches of [`APPEND_BATCH`], one at a time: one call of the adapter's append script
+    /// with every record of the batch, as the adapter sends a batch.
+    pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
+        let key = unique("native-batch");
+        let epoch = format!("{key}:epoch");
+        let connection = self.connection().await?;
+        let append = redis::Script::new(APPEND);
+        let sample = timed(work.slice, || {
+            let mut connection = connection.clone();
+            let mut call = append.key(&key);
+            call.key(&epoch).arg("native").arg(10_000);
+            for _ in 0..APPEND_BATCH {
+                call.arg(&work.payload).arg(NO_HEADERS).arg("0").arg("");
+            }
+            async move {
+                let _: redis::Value = call.invoke_async(&mut connection).await?;
+                Ok(APPEND_BATCH as u64)
+            }
+        })
+        .await;
+        let _: () = connection.clone().del(&[&key, &epoch]).await?;
+        sample
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
@@ -311,6 +335,7 @@ impl Native {
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_append_batch(),
         log_catch_up(),
         log_live(),
         queue_round_trip(prefetch: u32),
