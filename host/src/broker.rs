@@ -375,7 +375,8 @@ impl Broker {
         options: impl IntoIterator<Item = (K, V)>,
     ) -> Result<SwapReport> {
         let path = path.as_ref();
-        let wasm = std::fs::read(path)
+        let wasm = tokio::fs::read(path)
+            .await
             .map_err(|e| Error::Load(format!("reading {}: {e}", path.display())))?;
         self.swap_bytes(&path.display().to_string(), &wasm, options)
             .await
@@ -397,11 +398,17 @@ impl Broker {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let component = Arc::new(
-            self.inner
-                .runtime
-                .load_bytes(source, wasm, &config.drivers)?,
-        );
+        // Loading (hash, cache or compile, link) is synchronous work of a millisecond or more:
+        // off the runtime's workers, so that calls to the running instance go on meanwhile
+        // (with one worker they stalled for the whole load).
+        let component = {
+            let (runtime, drivers) = (self.inner.runtime.clone(), config.drivers.clone());
+            let (name, wasm) = (source.to_string(), wasm.to_vec());
+            tokio::task::spawn_blocking(move || runtime.load_bytes(&name, &wasm, &drivers))
+                .await
+                .map_err(|e| Error::Load(format!("{source}: the load did not finish: {e}")))??
+        };
+        let component = Arc::new(component);
         let options = owned_options(options);
         if options != config.options {
             // Options replace the running ones: a `prefix` left out moves the adapter to
