@@ -14,7 +14,7 @@ pub struct Cli {
     /// Worker threads of the host's runtime (default: one per core, or `TOKIO_WORKER_THREADS`).
     /// Every call into a component hands over between tasks; on a machine with few cores,
     /// fewer workers means fewer of those hand-overs wake a parked thread (BENCHMARKS.md,
-    /// "One worker").
+    /// its section on `--workers`).
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: Option<u16>,
     #[command(subcommand)]
