@@ -104,16 +104,22 @@ impl Native {
         Ok(())
     }
 
+    /// Produce `count` records of `payload` to `topic` at once and await every report.
+    async fn send_all(&self, topic: &str, count: usize, payload: &[u8]) -> anyhow::Result<()> {
+        let sends = (0..count).map(|_| self.send(topic, None, payload));
+        for sent in futures::future::join_all(sends).await {
+            sent?;
+        }
+        Ok(())
+    }
+
     /// Batches of [`APPEND_BATCH`] to a one-partition topic, one at a time: every record
     /// produced at once, every delivery report awaited (the adapter's batch append).
     pub async fn log_append_batch(&self, work: &Workload) -> anyhow::Result<Sample> {
         let name = unique("native-batch");
         self.topic(&name, 1).await?;
         let sample = timed(work.slice, || async {
-            let sends = (0..APPEND_BATCH).map(|_| self.send(&name, None, &work.payload));
-            for sent in futures::future::join_all(sends).await {
-                sent?;
-            }
+            self.send_all(&name, APPEND_BATCH, &work.payload).await?;
             Ok(APPEND_BATCH as u64)
         })
         .await;
@@ -173,10 +179,8 @@ impl Native {
         let mut in_flight: Option<Commit> = None;
         let started = Instant::now();
         while started.elapsed() < work.slice {
-            let sends = (0..QUEUE_BATCH).map(|_| self.send(&name, None, &work.payload));
-            for sent in futures::future::join_all(sends).await {
-                sent?;
-            }
+            self.send_all(&name, QUEUE_BATCH as usize, &work.payload)
+                .await?;
             // Each `prefetch` records taken, one commit of the next offset of every partition
             // they came from: what the adapter's coalesced commits of a settled batch amount to.
             // As in the driver, one commit is in flight at a time and the records keep coming
@@ -266,10 +270,7 @@ impl Native {
         let name = unique("native-catchup");
         self.topic(&name, 1).await?;
         for _ in 0..CATCH_UP / 250 {
-            let sends = (0..250).map(|_| self.send(&name, None, &work.payload));
-            for sent in futures::future::join_all(sends).await {
-                sent?;
-            }
+            self.send_all(&name, 250, &work.payload).await?;
         }
         let sample = timed(work.slice, || async {
             let mut read = 0u64;

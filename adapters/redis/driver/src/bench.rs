@@ -24,6 +24,25 @@ const RANGE: &str = include_str!("../../scripts/range.lua");
 const NO_HEADERS: &[u8] = &[0; 4];
 /// Entries per catch-up page: the host's page size (`host/src/log`).
 const PAGE: u32 = 256;
+/// The stream's `MAXLEN`: the adapter's default `retention.maxEntries`.
+const MAX_ENTRIES: u32 = 10_000;
+
+/// A call of the adapter's append script on stream `key` (epoch key `epoch`) with `count`
+/// records of `payload`, each without headers or key, as the adapter sends them.
+fn append_call<'a>(
+    script: &'a redis::Script,
+    key: &str,
+    epoch: &str,
+    payload: &[u8],
+    count: usize,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.key(key);
+    call.key(epoch).arg("native").arg(MAX_ENTRIES);
+    for _ in 0..count {
+        call.arg(payload).arg(NO_HEADERS).arg("0").arg("");
+    }
+    call
+}
 
 /// A client of the Redis server the broker uses.
 pub struct Native {
@@ -48,28 +67,21 @@ impl Native {
         let deadline = Instant::now() + work.slice;
         let started = Instant::now();
         let connection = self.connection().await?;
+        let append = redis::Script::new(APPEND);
         let workers = (0..in_flight).map(|_| {
-            let (mut connection, key, epoch, payload) = (
+            let (mut connection, key, epoch, payload, append) = (
                 connection.clone(),
                 key.clone(),
                 epoch.clone(),
                 work.payload.clone(),
+                append.clone(),
             );
-            let append = redis::Script::new(APPEND);
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
                     // The adapter's append script (epoch check, then `XADD … MAXLEN = 0-*`).
-                    let _: redis::Value = append
-                        .key(&key)
-                        .key(&epoch)
-                        .arg("native")
-                        .arg(10_000)
-                        .arg(&payload)
-                        .arg(NO_HEADERS)
-                        .arg("0")
-                        .arg("")
+                    let _: redis::Value = append_call(&append, &key, &epoch, &payload, 1)
                         .invoke_async(&mut connection)
                         .await?;
                     latencies.push(t.elapsed());
@@ -91,11 +103,7 @@ impl Native {
         let append = redis::Script::new(APPEND);
         let sample = timed(work.slice, || {
             let mut connection = connection.clone();
-            let mut call = append.key(&key);
-            call.key(&epoch).arg("native").arg(10_000);
-            for _ in 0..APPEND_BATCH {
-                call.arg(&work.payload).arg(NO_HEADERS).arg("0").arg("");
-            }
+            let call = append_call(&append, &key, &epoch, &work.payload, APPEND_BATCH);
             async move {
                 let _: redis::Value = call.invoke_async(&mut connection).await?;
                 Ok(APPEND_BATCH as u64)
@@ -125,11 +133,12 @@ impl Native {
             }
             let _: () = pipe.query_async(&mut connection).await?;
         }
+        // The adapter's page: the stream's state and 256 entries, one script call.
+        let range = redis::Script::new(RANGE);
         let sample = timed(work.slice, || {
-            let (mut connection, key, epoch) = (connection.clone(), key.clone(), epoch.clone());
+            let (mut connection, key, epoch, range) =
+                (connection.clone(), key.clone(), epoch.clone(), &range);
             async move {
-                // The adapter's page: the stream's state and 256 entries, one script call.
-                let range = redis::Script::new(RANGE);
                 let mut start = "-".to_string();
                 let mut read = 0;
                 loop {
@@ -188,17 +197,10 @@ impl Native {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             // The adapter's append script, as in the append rows.
-            let (_, ids): (redis::Value, Vec<String>) = append
-                .key(&key)
-                .key(&epoch)
-                .arg("native")
-                .arg(10_000)
-                .arg(&work.payload)
-                .arg(NO_HEADERS)
-                .arg("0")
-                .arg("")
-                .invoke_async(&mut writer)
-                .await?;
+            let (_, ids): (redis::Value, Vec<String>) =
+                append_call(&append, &key, &epoch, &work.payload, 1)
+                    .invoke_async(&mut writer)
+                    .await?;
             let id = ids
                 .into_iter()
                 .next()
