@@ -3,25 +3,19 @@
 //! own (nothing here waits on the Store's task).
 
 use std::future::Future;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
+use lapin::ExchangeKind;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
-    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicQosOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Confirmation, ExchangeKind};
-use tokio::sync::mpsc;
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
-use super::channels::Entry;
-use super::{AmqpDriver, REFUSALS, convert};
+use super::{AmqpDriver, convert};
 use wrpc_broker_runtime::sandbox::Ctx;
-use wrpc_broker_runtime::streams::{BatchProducer, PollBatch};
+use wrpc_broker_runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-amqp; world driver { import wrpc:amqp/client@0.1.0; }",
@@ -34,10 +28,6 @@ pub(crate) use wrpc::amqp::client as wit;
 /// How long one broker call may take (a queue a restarted node has not brought back yet takes
 /// publishes without confirming them; the adapter tries again).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long opening a channel may take (a connection that died unnoticed never answers).
-const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
-/// Deliveries a consumer's stream holds before its task waits for the guest to read.
-const CONSUMER_BUFFER: usize = 512;
 
 /// Link `wrpc:amqp/client` into `linker`.
 pub fn add_to_linker(linker: &mut Linker<Ctx>) -> wasmtime::Result<()> {
@@ -72,167 +62,6 @@ where
         ))),
     };
     Ok(answer)
-}
-
-impl AmqpDriver {
-    /// Open channel `id`, or `closed` when it is gone (or `stale` when unknown).
-    fn channel(&self, id: u64) -> Result<Arc<Entry>, wit::AmqpError> {
-        let entry = self
-            .shared
-            .channels
-            .get(id)
-            .ok_or_else(|| wit::AmqpError::Stale(format!("no channel {id}")))?;
-        if !entry.is_open() {
-            return Err(wit::AmqpError::Closed(wit::CloseReason {
-                code: 0,
-                text: format!("channel {id} is closed"),
-            }));
-        }
-        Ok(entry)
-    }
-
-    /// A settlement on channel `id`: `stale` when the channel is gone (the broker requeued its
-    /// deliveries), `refused` when a test armed a refusal for a queue consumed on it.
-    fn settling(&self, id: u64) -> Result<Arc<Entry>, wit::AmqpError> {
-        let entry = self.channel(id).map_err(|e| match e {
-            wit::AmqpError::Closed(why) => wit::AmqpError::Stale(why.text),
-            other => other,
-        })?;
-        if REFUSALS.is_armed()
-            && let Some(why) = REFUSALS.refuse(|queue| entry.any_queue(|q| q.contains(queue)))
-        {
-            return Err(wit::AmqpError::Refused(why));
-        }
-        Ok(entry)
-    }
-
-    async fn open_channel(&self, confirms: bool) -> Result<u64, wit::AmqpError> {
-        let (connection, _) = self
-            .connection()
-            .await
-            .map_err(wit::AmqpError::Unavailable)?;
-        let channel = tokio::time::timeout(OPEN_TIMEOUT, connection.create_channel())
-            .await
-            .map_err(|_| wit::AmqpError::Unavailable("opening a channel timed out".into()))?
-            .map_err(|e| wit::AmqpError::Unavailable(e.to_string()))?;
-        if confirms {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(convert::error)?;
-        }
-        Ok(self.shared.channels.insert(channel))
-    }
-
-    async fn publish(
-        &self,
-        id: u64,
-        exchange: String,
-        routing_key: String,
-        mandatory: bool,
-        properties: wit::Properties,
-        body: Vec<u8>,
-    ) -> Result<wit::Confirm, wit::AmqpError> {
-        let entry = self.channel(id)?;
-        let exchange = convert::short("the exchange name", exchange)?;
-        let key = convert::short("the routing key", routing_key)?;
-        let properties = convert::properties(properties)?;
-        let options = BasicPublishOptions {
-            mandatory,
-            ..BasicPublishOptions::default()
-        };
-        let confirm = entry
-            .channel
-            .basic_publish(exchange, key, options, &body, properties)
-            .await
-            .map_err(convert::error)?
-            .await
-            .map_err(convert::error)?;
-        Ok(match confirm {
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                wit::Confirm::Returned(wit::CloseReason {
-                    code: returned.reply_code,
-                    text: returned.reply_text.to_string(),
-                })
-            }
-            Confirmation::Ack(None) | Confirmation::NotRequested => wit::Confirm::Ack,
-            Confirmation::Nack(None) => wit::Confirm::Nack,
-        })
-    }
-
-    async fn consume(
-        &self,
-        id: u64,
-        queue: String,
-        no_ack: bool,
-        exclusive: bool,
-        arguments: wit::FieldTable,
-    ) -> Result<(String, Deliveries), wit::AmqpError> {
-        let entry = self.channel(id)?;
-        let arguments = convert::table(arguments)?;
-        let options = BasicConsumeOptions {
-            no_ack,
-            exclusive,
-            ..BasicConsumeOptions::default()
-        };
-        let name = convert::short("the queue name", queue.clone())?;
-        let consumer = entry
-            .channel
-            .basic_consume(name, "".into(), options, arguments)
-            .await
-            .map_err(convert::error)?;
-        entry.consumes(&queue);
-        let tag = consumer.tag().to_string();
-        let (tx, rx) = mpsc::channel(CONSUMER_BUFFER);
-        tokio::spawn(forward(consumer, entry.channel.clone(), tx));
-        Ok((tag, Deliveries(rx)))
-    }
-}
-
-/// Move a consumer's deliveries into its stream until it ends (cancelled, channel closed) or
-/// the stream is dropped (then cancel it).
-async fn forward(
-    mut consumer: lapin::Consumer,
-    channel: lapin::Channel,
-    tx: mpsc::Sender<wit::Delivery>,
-) {
-    loop {
-        let next = tokio::select! {
-            next = consumer.next() => next,
-            () = tx.closed() => break,
-        };
-        match next {
-            Some(Ok(delivery)) => {
-                if tx.send(convert::delivery(delivery)).await.is_err() {
-                    break;
-                }
-            }
-            Some(Err(e)) => {
-                tracing::debug!(consumer = %consumer.tag(), "amqp: consumer ended: {e}");
-                return;
-            }
-            None => return,
-        }
-    }
-    let _ = channel
-        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-        .await;
-}
-
-/// A consumer's deliveries, as a batch source for its stream.
-struct Deliveries(mpsc::Receiver<wit::Delivery>);
-
-impl PollBatch for Deliveries {
-    type Item = wit::Delivery;
-
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>> {
-        let mut batch = Vec::new();
-        match self.0.poll_recv_many(cx, &mut batch, max.max(1)) {
-            Poll::Ready(0) => Poll::Ready(None),
-            Poll::Ready(_) => Poll::Ready(Some(batch)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
 }
 
 /// The exchange kind named `kind`.
@@ -431,6 +260,21 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     ) -> wasmtime::Result<Result<wit::Confirm, wit::AmqpError>> {
         run(accessor, |d| async move {
             d.publish(channel, exchange, routing_key, mandatory, properties, body)
+                .await
+        })
+        .await
+    }
+
+    async fn publish_batch(
+        accessor: &Accessor<T, Self>,
+        channel: u64,
+        exchange: String,
+        routing_key: String,
+        mandatory: bool,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<Result<Vec<wit::Confirm>, wit::AmqpError>> {
+        run(accessor, |d| async move {
+            d.publish_batch(channel, exchange, routing_key, mandatory, messages)
                 .await
         })
         .await

@@ -13,6 +13,7 @@
 
 mod bench;
 mod bindings;
+mod calls;
 mod channels;
 mod convert;
 
