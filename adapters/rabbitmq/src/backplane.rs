@@ -1,7 +1,8 @@
 //! `wrpc:broker/backplane` on the direct exchange `P.bp`: channel `c` is the routing key
 //! `enc(c)` (a direct exchange matches keys exactly, so `room:*`, `#` and `a.b` are literal).
-//! Publish is a `basic.publish` per payload on the confirm channel, not mandatory (nobody
-//! subscribed: dropped), answered once the broker confirmed it. A subscription is a
+//! Publish is a `basic.publish` per payload on the confirm channel, the whole batch written
+//! before its confirms are awaited, not mandatory (nobody subscribed: dropped), answered once
+//! the broker confirmed them. A subscription is a
 //! server-named exclusive auto-delete queue bound with that key (bind-ok: from then on every
 //! publish reaches it), bounded by `x-max-length` (drop-head: a laggard loses its oldest) and
 //! consumed without acks; dropping the stream cancels the consumer and the broker deletes the
@@ -11,7 +12,9 @@ use wit_bindgen::StreamReader;
 
 use crate::channel;
 use crate::exports::wrpc::broker::backplane::Guest;
-use crate::wrpc::amqp::client::{self, Confirm, Delivery, FieldValue, Properties, QueueOptions};
+use crate::wrpc::amqp::client::{
+    self, Confirm, Delivery, FieldValue, Message, Properties, QueueOptions,
+};
 use crate::{Component, config};
 use wrpc_broker_guest::{Error, relay};
 
@@ -78,24 +81,22 @@ impl Guest for Component {
     async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
         let config = config()?;
         let (exchange, key) = (config.exchange("bp"), config.key(&channel)?);
-        for payload in payloads {
-            let confirm = channel::shared()
-                .call(|ch| {
-                    client::publish(
-                        ch,
-                        exchange.clone(),
-                        key.clone(),
-                        false,
-                        transient(),
-                        payload.clone(),
-                    )
-                })
-                .await?;
-            if let Confirm::Nack = confirm {
-                return Err(Error::refused(format!(
-                    "the broker refused a payload on `{channel}`"
-                )));
-            }
+        let messages: Vec<Message> = payloads
+            .into_iter()
+            .map(|body| Message {
+                properties: transient(),
+                body,
+            })
+            .collect();
+        let confirms = channel::shared()
+            .call(|ch| {
+                client::publish_batch(ch, exchange.clone(), key.clone(), false, messages.clone())
+            })
+            .await?;
+        if confirms.iter().any(|c| matches!(c, Confirm::Nack)) {
+            return Err(Error::refused(format!(
+                "the broker refused a payload on `{channel}`"
+            )));
         }
         Ok(())
     }

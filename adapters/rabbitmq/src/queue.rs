@@ -97,47 +97,55 @@ async fn declare(name: &str, arguments: &FieldTable, again: bool) -> Result<(), 
     Ok(())
 }
 
-/// Publish `body` to queue `name` (declared with `arguments`) and wait for the broker's
-/// confirm; a return (the queue is gone) declares it again and publishes once more.
+/// Publish `messages` to queue `name` (declared with `arguments`) in one driver call (all
+/// written before the confirms are awaited); what the broker returned (the queue is gone)
+/// declares it again and is published once more.
 async fn put(
     name: &str,
     arguments: &FieldTable,
-    headers: FieldTable,
-    body: &[u8],
+    mut messages: Vec<client::Message>,
 ) -> Result<(), Error> {
     declare(name, arguments, false).await?;
     for again in [false, true] {
         if again {
             declare(name, arguments, true).await?;
         }
-        let properties = codec::persistent(headers.clone());
-        let confirm = channel::shared()
+        let confirms = channel::shared()
             .call(|ch| {
-                client::publish(
-                    ch,
-                    String::new(),
-                    name.to_string(),
-                    true,
-                    properties.clone(),
-                    body.to_vec(),
-                )
+                client::publish_batch(ch, String::new(), name.to_string(), true, messages.clone())
             })
             .await?;
-        match confirm {
-            Confirm::Ack => return Ok(()),
-            Confirm::Nack => {
-                return Err(Error::refused(format!(
-                    "the broker refused a message for {name}"
-                )));
-            }
-            Confirm::Returned(why) => {
-                crate::debug(&format!("{name}: returned ({} {})", why.code, why.text))
+        let mut returned = Vec::new();
+        for (message, confirm) in messages.into_iter().zip(confirms) {
+            match confirm {
+                Confirm::Ack => {}
+                Confirm::Nack => {
+                    return Err(Error::refused(format!(
+                        "the broker refused a message for {name}"
+                    )));
+                }
+                Confirm::Returned(why) => {
+                    crate::debug(&format!("{name}: returned ({} {})", why.code, why.text));
+                    returned.push(message);
+                }
             }
         }
+        if returned.is_empty() {
+            return Ok(());
+        }
+        messages = returned;
     }
     Err(Error::unavailable(format!(
         "{name}: the broker returned the message twice"
     )))
+}
+
+/// A persistent message of `headers` and `body`.
+fn persistent(headers: FieldTable, body: Vec<u8>) -> client::Message {
+    client::Message {
+        properties: codec::persistent(headers),
+        body,
+    }
 }
 
 /// The headers a message carries: the broker's, packed, and the attempt when above 1.
@@ -293,7 +301,12 @@ impl queue::Broker for AmqpConsumer {
             CopyTo::Queue => bucket(&self.config, &self.main, copy.delay_ms),
             CopyTo::DeadLetter => (self.dlq.clone(), quorum()),
         };
-        put(&name, &arguments, table, &held.body).await?;
+        put(
+            &name,
+            &arguments,
+            vec![persistent(table, held.body.clone())],
+        )
+        .await?;
         tried(|| self.ack(held)).await
     }
 
@@ -335,10 +348,11 @@ async fn ready(name: &str) -> Result<u64, Error> {
 impl Guest for Component {
     async fn produce(queue: String, batch: Vec<Message>) -> Result<(), Error> {
         let main = config()?.queue("q", &queue)?;
-        for message in batch {
-            put(&main, &quorum(), fields(&message.headers, 1), &message.body).await?;
-        }
-        Ok(())
+        let messages = batch
+            .into_iter()
+            .map(|message| persistent(fields(&message.headers, 1), message.body))
+            .collect();
+        put(&main, &quorum(), messages).await
     }
 
     async fn consume(

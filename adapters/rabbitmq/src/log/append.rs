@@ -16,7 +16,7 @@ use super::{
 use crate::channel;
 use crate::codec;
 use crate::exports::wrpc::broker::log::RecordIn;
-use crate::wrpc::amqp::client::{self, Confirm, FieldValue};
+use crate::wrpc::amqp::client::{self, Confirm, FieldValue, Message};
 use wrpc_broker_guest::signal::{Latch, Notify};
 use wrpc_broker_guest::{Error, host};
 
@@ -179,6 +179,8 @@ impl Appender {
             .collect())
     }
 
+    /// Publish `batch` to `stream` in one driver call (every record written before the
+    /// confirms are awaited), noting each record's message id in `ids` and as pending.
     async fn publish_all(
         &self,
         stream: &str,
@@ -186,6 +188,7 @@ impl Appender {
         batch: Vec<RecordIn>,
         ids: &mut Vec<String>,
     ) -> Result<(), Error> {
+        let mut messages = Vec::with_capacity(batch.len());
         for record in batch {
             let id = host::generate_id();
             self.pending.borrow_mut().insert(id.clone(), None);
@@ -197,18 +200,23 @@ impl Appender {
             codec::pack(&mut headers, &record.headers);
             let mut properties = codec::persistent(headers);
             properties.message_id = Some(id);
-            let confirm = channel::shared()
-                .call(|ch| {
-                    client::publish(
-                        ch,
-                        String::new(),
-                        stream.to_string(),
-                        true,
-                        properties.clone(),
-                        record.value.clone(),
-                    )
-                })
-                .await?;
+            messages.push(Message {
+                properties,
+                body: record.value,
+            });
+        }
+        let confirms = channel::shared()
+            .call(|ch| {
+                client::publish_batch(
+                    ch,
+                    String::new(),
+                    stream.to_string(),
+                    true,
+                    messages.clone(),
+                )
+            })
+            .await?;
+        for confirm in confirms {
             match confirm {
                 Confirm::Ack => {}
                 Confirm::Nack => {
