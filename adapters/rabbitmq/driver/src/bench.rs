@@ -1,11 +1,10 @@
 //! The native side for RabbitMQ: what the RabbitMQ adapter sends, sent directly with `lapin`:
-//! confirmed publishes to a stream queue for the log; confirmed, persistent, mandatory
-//! publishes to a quorum queue and a manual-ack consumer at `basic.qos(prefetch)` for the
-//! queue; a mandatory, confirmed publish to a direct exchange with `reply_to` and an echoing
-//! responder for direct; confirmed publishes to a direct exchange and a bound exclusive queue
-//! for the backplane; log reads as the adapter's: a stream consumer (`x-stream-offset`, credit
-//! 1000) per catch-up page, one for a live tail. (The adapter's appends also wait for their
-//! read-back consumer to tell the offset, which a plain client that needs no ids skips.)
+//! for the log ([`log`]) confirmed publishes to a stream queue with the adapter's read-back;
+//! confirmed, persistent, mandatory publishes to a quorum queue and a manual-ack consumer at
+//! `basic.qos(prefetch)` for the queue; a mandatory, confirmed publish to a direct exchange
+//! with `reply_to` and an echoing responder for direct; confirmed publishes to a direct
+//! exchange and a bound exclusive queue for the backplane. A batch is written whole before its
+//! confirms are awaited, as the driver's `publish-batch`.
 
 use std::time::{Duration, Instant};
 
@@ -20,14 +19,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 
 use wrpc_broker_runtime::bench::{
-    CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, shared_subscription,
-    timed, unique,
+    FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, shared_subscription, unique,
 };
 
-/// The host's page size for a catch-up read (`host/src/log`).
-const PAGE: u64 = 256;
-/// The credit of the adapter's stream readers (`adapters/rabbitmq/src/log`).
-const READ_PREFETCH: u16 = 1_000;
+mod log;
 
 /// A client of the RabbitMQ node the broker uses.
 pub struct Native {
@@ -64,6 +59,42 @@ async fn publish(
     Ok(())
 }
 
+/// Publish `payload` to `key` once per item of `properties`, every message written before
+/// the confirms are awaited (what the driver's `publish-batch` does); any confirm not a plain
+/// ack is an error.
+async fn publish_batch(
+    channel: &Channel,
+    exchange: &str,
+    key: &str,
+    mandatory: bool,
+    payload: &[u8],
+    properties: impl IntoIterator<Item = BasicProperties>,
+) -> anyhow::Result<()> {
+    let options = BasicPublishOptions {
+        mandatory,
+        ..BasicPublishOptions::default()
+    };
+    let mut written = Vec::new();
+    for properties in properties {
+        written.push(
+            channel
+                .basic_publish(exchange.into(), key.into(), options, payload, properties)
+                .await?,
+        );
+    }
+    for confirm in futures::future::join_all(written).await {
+        let confirm = confirm?;
+        ensure!(
+            matches!(
+                confirm,
+                Confirmation::Ack(None) | Confirmation::NotRequested
+            ),
+            "{key}: not taken: {confirm:?}"
+        );
+    }
+    Ok(())
+}
+
 impl Native {
     /// Connect to `url`.
     pub async fn new(url: &str) -> anyhow::Result<Self> {
@@ -94,160 +125,6 @@ impl Native {
         Ok(())
     }
 
-    pub async fn log_append(&self, work: &Workload, in_flight: usize) -> anyhow::Result<Sample> {
-        let name = unique("native-append");
-        let setup = self.confirming().await?;
-        self.declare(&setup, &name, "stream").await?;
-        let deadline = Instant::now() + work.slice;
-        let started = Instant::now();
-        let mut workers = Vec::new();
-        for _ in 0..in_flight {
-            let (channel, name, payload) =
-                (self.confirming().await?, name.clone(), work.payload.clone());
-            workers.push(tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    let properties = BasicProperties::default()
-                        .with_message_id(uuid_like().into())
-                        .with_delivery_mode(2);
-                    publish(&channel, "", &name, &payload, properties).await?;
-                    latencies.push(t.elapsed());
-                }
-                anyhow::Ok(latencies)
-            }));
-        }
-        let mut sample = Sample::default();
-        for worker in futures::future::join_all(workers).await {
-            let latencies = worker??;
-            sample.ops += latencies.len() as u64;
-            sample.latencies.extend(latencies);
-        }
-        sample.elapsed = started.elapsed();
-        setup
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await?;
-        Ok(sample)
-    }
-
-    /// Fill stream `name` with [`CATCH_UP`] entries, 250 confirmed publishes in flight.
-    async fn fill(&self, channel: &Channel, name: &str, work: &Workload) -> anyhow::Result<()> {
-        for _ in 0..CATCH_UP / 250 {
-            let mut confirms = Vec::new();
-            for _ in 0..250 {
-                let properties = BasicProperties::default()
-                    .with_message_id(uuid_like().into())
-                    .with_delivery_mode(2);
-                let options = BasicPublishOptions::default();
-                confirms.push(
-                    channel
-                        .basic_publish("".into(), name.into(), options, &work.payload, properties)
-                        .await?,
-                );
-            }
-            for confirm in futures::future::join_all(confirms).await {
-                ensure!(
-                    matches!(confirm?, Confirmation::Ack(None)),
-                    "{name}: not taken"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// A consumer of stream `name` from `offset` (`x-stream-offset`) on a channel of its own
-    /// with the adapter's credit, as the adapter's readers.
-    async fn reader(
-        &self,
-        name: &str,
-        offset: AMQPValue,
-    ) -> anyhow::Result<(Channel, lapin::Consumer)> {
-        let channel = self.connection.create_channel().await?;
-        channel
-            .basic_qos(READ_PREFETCH, BasicQosOptions::default())
-            .await?;
-        let mut args = FieldTable::default();
-        args.insert("x-stream-offset".into(), offset);
-        let consumer = channel
-            .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), args)
-            .await?;
-        Ok((channel, consumer))
-    }
-
-    /// Take `count` deliveries from `consumer`, acknowledging them at the end (the broker's
-    /// credit only, as the adapter's readers do).
-    async fn take(consumer: &mut lapin::Consumer, count: u64) -> anyhow::Result<()> {
-        let mut last = None;
-        for _ in 0..count {
-            let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
-            let delivery = next
-                .context("no delivery within 10 s")?
-                .context("the consumer ended")??;
-            last = Some(delivery);
-        }
-        if let Some(delivery) = last {
-            delivery.ack(BasicAckOptions { multiple: true }).await?;
-        }
-        Ok(())
-    }
-
-    pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
-        let name = unique("native-catchup");
-        let setup = self.confirming().await?;
-        self.declare(&setup, &name, "stream").await?;
-        self.fill(&setup, &name, work).await?;
-        // What the adapter's `range` does for each page the host asks: a consumer from the
-        // page's first offset (from the entry the page's `after` id names, to check it), its
-        // page taken, the channel closed.
-        let sample = timed(work.slice, || async {
-            let mut read = 0u64;
-            while read < CATCH_UP as u64 {
-                let (offset, check) = match read {
-                    0 => (AMQPValue::LongString("first".into()), 0),
-                    n => (AMQPValue::LongLongInt(n as i64 - 1), 1),
-                };
-                let (channel, mut consumer) = self.reader(&name, offset).await?;
-                let page = PAGE.min(CATCH_UP as u64 - read);
-                Self::take(&mut consumer, page + check).await?;
-                channel.close(200, "page read".into()).await?;
-                read += page;
-            }
-            Ok(read)
-        })
-        .await;
-        setup
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await?;
-        sample
-    }
-
-    pub async fn log_live(&self, work: &Workload) -> anyhow::Result<Sample> {
-        let name = unique("native-live");
-        let channel = self.confirming().await?;
-        self.declare(&channel, &name, "stream").await?;
-        let (reading, mut consumer) = self
-            .reader(&name, AMQPValue::LongString("next".into()))
-            .await?;
-        let mut sample = Sample::default();
-        let started = Instant::now();
-        while started.elapsed() < work.slice {
-            let t = Instant::now();
-            let properties = BasicProperties::default()
-                .with_message_id(uuid_like().into())
-                .with_delivery_mode(2);
-            publish(&channel, "", &name, &work.payload, properties).await?;
-            Self::take(&mut consumer, 1).await?;
-            sample.latencies.push(t.elapsed());
-            sample.ops += 1;
-        }
-        sample.elapsed = started.elapsed();
-        reading.close(200, "done".into()).await?;
-        channel
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await?;
-        Ok(sample)
-    }
-
     pub async fn queue_round_trip(&self, work: &Workload, prefetch: u32) -> anyhow::Result<Sample> {
         let name = unique("native-queue");
         let producer = self.confirming().await?;
@@ -270,10 +147,9 @@ impl Native {
         let mut sample = Sample::default();
         let started = Instant::now();
         while started.elapsed() < work.slice {
-            for _ in 0..QUEUE_BATCH {
-                let properties = BasicProperties::default().with_delivery_mode(2);
-                publish(&producer, "", &name, &work.payload, properties).await?;
-            }
+            let properties =
+                (0..QUEUE_BATCH).map(|_| BasicProperties::default().with_delivery_mode(2));
+            publish_batch(&producer, "", &name, true, &work.payload, properties).await?;
             for _ in 0..QUEUE_BATCH {
                 let next = tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await;
                 let delivery = next
@@ -399,32 +275,25 @@ impl Native {
             .take_while(|d| futures::future::ready(d.is_ok()))
             .filter_map(|d| futures::future::ready(d.ok().map(|d| std::sync::Arc::new(d.data))));
         shared_subscription(work, subscribers, deliveries, || async {
-            for _ in 0..FAN_OUT_PAYLOADS {
-                channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        "room".into(),
-                        BasicPublishOptions::default(),
-                        &work.payload,
-                        BasicProperties::default(),
-                    )
-                    .await?
-                    .await?;
-            }
-            Ok(())
+            let properties = (0..FAN_OUT_PAYLOADS).map(|_| BasicProperties::default());
+            publish_batch(
+                &channel,
+                &exchange,
+                "room",
+                false,
+                &work.payload,
+                properties,
+            )
+            .await
         })
         .await
     }
 }
 
-/// A message id as the adapter's (`generate-id` mints a fresh one per entry).
-fn uuid_like() -> String {
-    unique("m")
-}
-
 impl NativeBench for Native {
     wrpc_broker_runtime::native_bench_rows!(
         log_append(in_flight: usize),
+        log_append_batch(),
         log_catch_up(),
         log_live(),
         queue_round_trip(prefetch: u32),
