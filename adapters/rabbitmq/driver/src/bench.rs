@@ -3,8 +3,9 @@
 //! confirmed, persistent, mandatory publishes to a quorum queue and a manual-ack consumer at
 //! `basic.qos(prefetch)` for the queue; a mandatory, confirmed publish to a direct exchange
 //! with `reply_to` and an echoing responder for direct; confirmed publishes to a direct
-//! exchange and a bound exclusive queue for the backplane. A batch is written whole before its
-//! confirms are awaited, as the driver's `publish-batch`.
+//! exchange and a bound exclusive queue for the backplane (one payload at a time, as the
+//! bench's component side publishes). A batch is written whole before its confirms are
+//! awaited, as the driver's `publish-batch`.
 
 use std::time::{Duration, Instant};
 
@@ -150,12 +151,21 @@ impl Native {
             let properties =
                 (0..QUEUE_BATCH).map(|_| BasicProperties::default().with_delivery_mode(2));
             publish_batch(&producer, "", &name, true, &work.payload, properties).await?;
+            // Each delivery acked on its own (as the adapter's handlers settle), each ack sent
+            // by a task of its own while the next deliveries are taken (at prefetch 1 the next
+            // comes after it), not awaited one at a time.
+            let mut acks = Vec::with_capacity(QUEUE_BATCH as usize);
             for _ in 0..QUEUE_BATCH {
                 let next = tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await;
                 let delivery = next
                     .context("no delivery within 10 s")?
                     .context("the consumer ended")??;
-                delivery.ack(BasicAckOptions::default()).await?;
+                acks.push(tokio::spawn(async move {
+                    delivery.ack(BasicAckOptions::default()).await
+                }));
+            }
+            for acked in futures::future::join_all(acks).await {
+                acked??;
             }
             sample.ops += QUEUE_BATCH;
         }
@@ -274,17 +284,22 @@ impl Native {
             .await?
             .take_while(|d| futures::future::ready(d.is_ok()))
             .filter_map(|d| futures::future::ready(d.ok().map(|d| std::sync::Arc::new(d.data))));
+        // Each payload confirmed before the next, as the bench's component side publishes
+        // (one backplane call per payload; the other brokers' native sides await each too).
         shared_subscription(work, subscribers, deliveries, || async {
-            let properties = (0..FAN_OUT_PAYLOADS).map(|_| BasicProperties::default());
-            publish_batch(
-                &channel,
-                &exchange,
-                "room",
-                false,
-                &work.payload,
-                properties,
-            )
-            .await
+            for _ in 0..FAN_OUT_PAYLOADS {
+                let properties = std::iter::once(BasicProperties::default());
+                publish_batch(
+                    &channel,
+                    &exchange,
+                    "room",
+                    false,
+                    &work.payload,
+                    properties,
+                )
+                .await?;
+            }
+            Ok(())
         })
         .await
     }
