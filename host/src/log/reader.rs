@@ -129,19 +129,22 @@ pub(super) struct ReaderTask {
 }
 
 impl ReaderTask {
+    /// Deliver `first_page`, then follow the shared tail until the consumer goes or the read
+    /// fails. Catch-up and rejoin are boxed: each holds an adapter call's state, and inline
+    /// they would make every idle reader's task that much larger (it waits on the tail).
     pub(super) async fn run(mut self, first_page: Option<wit::Page>) {
         if let Some(page) = first_page {
             let done = page.done || page.entries.is_empty();
             if self.deliver_page(page).await.is_err() {
                 return;
             }
-            if !done && self.catch_up().await.is_err() {
+            if !done && Box::pin(self.catch_up()).await.is_err() {
                 return;
             }
         }
         loop {
             let Some(subscription) = self.subscription.as_mut() else {
-                if self.rejoin().await.is_err() {
+                if Box::pin(self.rejoin()).await.is_err() {
                     return;
                 }
                 continue;
@@ -149,14 +152,14 @@ impl ReaderTask {
             let entries = match subscription.recv().await {
                 Ok(TailEvent::Entries(entries)) => entries,
                 Ok(TailEvent::Gap) => {
-                    if self.catch_up().await.is_err() {
+                    if Box::pin(self.catch_up()).await.is_err() {
                         return;
                     }
                     continue;
                 }
                 Err(broadcast::error::RecvError::Lagged(skipped)) => {
                     tracing::debug!(topic = %self.topic, skipped, "reader fell behind the tail; reading pages");
-                    if self.catch_up().await.is_err() {
+                    if Box::pin(self.catch_up()).await.is_err() {
                         return;
                     }
                     continue;
@@ -164,7 +167,7 @@ impl ReaderTask {
                 Err(broadcast::error::RecvError::Closed) => {
                     // The shared tail ended (adapter replaced, or its stream was cut): join the
                     // next one and fill what happened in between from pages.
-                    if self.rejoin().await.is_err() {
+                    if Box::pin(self.rejoin()).await.is_err() {
                         return;
                     }
                     continue;
@@ -176,7 +179,7 @@ impl ReaderTask {
                         continue;
                     }
                     if entry.pos.offset > next {
-                        if self.catch_up().await.is_err() {
+                        if Box::pin(self.catch_up()).await.is_err() {
                             return;
                         }
                         if !self.cursor.is_new(&entry.pos) {
