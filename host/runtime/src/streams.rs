@@ -76,6 +76,21 @@ pub trait PollBatch: Send + 'static {
     fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>>;
 }
 
+/// A channel's receiver: what is queued, up to `max` at a time; ended once every sender is gone
+/// and the queue is empty.
+impl<T: Send + 'static> PollBatch for mpsc::Receiver<T> {
+    type Item = T;
+
+    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<T>>> {
+        let mut batch = Vec::new();
+        match self.poll_recv_many(cx, &mut batch, max.max(1)) {
+            Poll::Ready(0) => Poll::Ready(None),
+            Poll::Ready(_) => Poll::Ready(Some(batch)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// Feeds a guest-read stream from a [`PollBatch`] source, converting each item with `map`.
 pub struct BatchProducer<S, F> {
     source: S,

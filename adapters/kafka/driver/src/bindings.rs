@@ -3,15 +3,13 @@
 //! tasks of their own (nothing here waits on the Store's task).
 
 use std::future::Future;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::KafkaDriver;
 use wrpc_broker_runtime::sandbox::Ctx;
-use wrpc_broker_runtime::streams::{BatchProducer, PollBatch};
+use wrpc_broker_runtime::streams::BatchProducer;
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-kafka; world driver { import wrpc:kafka/client@0.1.0; }",
@@ -53,22 +51,6 @@ where
             ))),
         },
     )
-}
-
-/// A reader's records, as a batch source for its stream.
-struct Records(mpsc::Receiver<wit::Incoming>);
-
-impl PollBatch for Records {
-    type Item = wit::Incoming;
-
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>> {
-        let mut batch = Vec::new();
-        match self.0.poll_recv_many(cx, &mut batch, max.max(1)) {
-            Poll::Ready(0) => Poll::Ready(None),
-            Poll::Ready(_) => Poll::Ready(Some(batch)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
 }
 
 impl wit::Host for Ctx {
@@ -136,7 +118,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         starts: Vec<(u32, u64)>,
     ) -> wasmtime::Result<Result<StreamReader<wit::Incoming>, wit::KafkaError>> {
         let records = match run(accessor, |d| async move { d.read(topic, starts).await }).await? {
-            Ok(records) => Records(records),
+            Ok(records) => records,
             Err(e) => return Ok(Err(e)),
         };
         let stream = accessor.with(|mut access| {

@@ -3,7 +3,6 @@
 //! a stream fed by a task of its own; and the channel lookups every call starts with.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,7 +15,6 @@ use tokio::sync::mpsc;
 use super::bindings::wit;
 use super::channels::Entry;
 use super::{AmqpDriver, REFUSALS, convert};
-use wrpc_broker_runtime::streams::PollBatch;
 
 /// How long opening a channel may take (a connection that died unnoticed never answers).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -177,7 +175,7 @@ impl AmqpDriver {
         let tag = consumer.tag().to_string();
         let (tx, rx) = mpsc::channel(CONSUMER_BUFFER);
         tokio::spawn(forward(consumer, entry.channel.clone(), tx));
-        Ok((tag, Deliveries(rx)))
+        Ok((tag, rx))
     }
 }
 
@@ -211,18 +209,5 @@ async fn forward(
         .await;
 }
 
-/// A consumer's deliveries, as a batch source for its stream.
-pub(crate) struct Deliveries(mpsc::Receiver<wit::Delivery>);
-
-impl PollBatch for Deliveries {
-    type Item = wit::Delivery;
-
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Self::Item>>> {
-        let mut batch = Vec::new();
-        match self.0.poll_recv_many(cx, &mut batch, max.max(1)) {
-            Poll::Ready(0) => Poll::Ready(None),
-            Poll::Ready(_) => Poll::Ready(Some(batch)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
+/// A consumer's deliveries, in order (a batch source for its stream).
+pub(crate) type Deliveries = mpsc::Receiver<wit::Delivery>;
