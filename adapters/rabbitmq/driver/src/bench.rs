@@ -37,7 +37,7 @@ fn typed(kind: &str) -> FieldTable {
     args
 }
 
-/// Publish and wait for the broker's ack (a return or a nack is an error).
+/// Publish, mandatory, and wait for the broker's ack (a return or a nack is an error).
 async fn publish(
     channel: &Channel,
     exchange: &str,
@@ -45,19 +45,7 @@ async fn publish(
     payload: &[u8],
     properties: BasicProperties,
 ) -> anyhow::Result<()> {
-    let options = BasicPublishOptions {
-        mandatory: true,
-        ..BasicPublishOptions::default()
-    };
-    let confirm = channel
-        .basic_publish(exchange.into(), key.into(), options, payload, properties)
-        .await?
-        .await?;
-    ensure!(
-        matches!(confirm, Confirmation::Ack(None)),
-        "{key}: not taken: {confirm:?}"
-    );
-    Ok(())
+    publish_batch(channel, exchange, key, true, payload, [properties]).await
 }
 
 /// Publish `payload` to `key` once per item of `properties`, every message written before

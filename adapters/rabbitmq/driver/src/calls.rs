@@ -85,6 +85,7 @@ impl AmqpDriver {
         Ok(self.shared.channels.insert(channel))
     }
 
+    /// Publish one message on channel `id` and wait for its confirm.
     pub(crate) async fn publish(
         &self,
         id: u64,
@@ -94,22 +95,14 @@ impl AmqpDriver {
         properties: wit::Properties,
         body: Vec<u8>,
     ) -> Result<wit::Confirm, wit::AmqpError> {
-        let entry = self.channel(id)?;
-        let exchange = convert::short("the exchange name", exchange)?;
-        let key = convert::short("the routing key", routing_key)?;
-        let properties = convert::properties(properties)?;
-        let options = BasicPublishOptions {
-            mandatory,
-            ..BasicPublishOptions::default()
-        };
-        let confirmation = entry
-            .channel
-            .basic_publish(exchange, key, options, &body, properties)
-            .await
-            .map_err(convert::error)?
-            .await
-            .map_err(convert::error)?;
-        Ok(confirm(confirmation))
+        let message = wit::Message { properties, body };
+        let confirms = self
+            .publish_batch(id, exchange, routing_key, mandatory, vec![message])
+            .await?;
+        Ok(confirms
+            .into_iter()
+            .next()
+            .expect("publish_batch confirms each message it publishes"))
     }
 
     /// Publish `messages` in order on channel `id`, every one written before the first
