@@ -4,8 +4,11 @@
 //! Calls that arrive while one is in flight wait, in order, and then go as one batch, from a
 //! task started for them that takes every call waiting each time and ends when none is left —
 //! so throughput under load pays one boundary crossing per batch, and one name's calls reach
-//! the adapter one batch at a time, in the order they came. A call failed by a trap is tried
-//! again on the replacement instance.
+//! the adapter one batch at a time, in the order they came. That task takes the next batch only
+//! after the callers it just answered had their turn to call again: taken at once, the callers
+//! split into two cohorts that alternate (each waits out the other's batch before its own), and
+//! a broker round trip bounds throughput at half what one batch per round trip gives. A call
+//! failed by a trap is tried again on the replacement instance.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -119,25 +122,39 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
         Some(waiting)
     }
 
-    /// The call in flight for `name` ended: the calls waiting go next, from a task of their own.
+    /// The call in flight for `name` ended: the calls waiting go next, from a task of their own
+    /// that takes them when it runs (so a call the lead's caller makes next joins them); none
+    /// waiting closes the lane.
     fn hand_over(self: &Arc<Self>, name: &str) {
-        let Some(waiting) = self.next_batch(name) else {
-            return;
-        };
+        {
+            let mut lanes = self.lanes();
+            if lanes.get(name).is_none_or(Vec::is_empty) {
+                lanes.remove(name);
+                return;
+            }
+        }
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned(), waiting))),
+            Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned()))),
             // No runtime left to run them (it is shutting down): they end as closed.
             Err(_) => {
-                self.lanes().remove(name);
+                let waiting = self.lanes().remove(name);
                 drop(waiting);
             }
         }
     }
 
-    /// Make the calls of `batch`, then of every call that came meanwhile, `max` at a time,
-    /// until none waits.
-    async fn drain(self: Arc<Self>, name: String, mut batch: Vec<Request<I, A>>) {
-        loop {
+    /// Make the calls waiting for `name`, `max` at a time, then those that came meanwhile,
+    /// until none waits. After each batch it yields once, so the callers it answered (woken on
+    /// this worker) call again before it takes the next one.
+    async fn drain(self: Arc<Self>, name: String) {
+        // Dropped unfinished (its runtime shut down), it closes the lane: the calls waiting
+        // there end as closed rather than wait for a task that will not come.
+        let mut unfinished = Unfinished {
+            shared: self.clone(),
+            name: name.clone(),
+            finished: false,
+        };
+        while let Some(mut batch) = self.next_batch(&name) {
             while !batch.is_empty() {
                 let rest = batch.split_off(batch.len().min(self.max));
                 let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
@@ -146,11 +163,10 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
                 hand_out(replies, answers, "items");
                 batch = rest;
             }
-            match self.next_batch(&name) {
-                Some(waiting) => batch = waiting,
-                None => return,
-            }
+            tokio::task::yield_now().await;
         }
+        // `next_batch` closed the lane when it found none waiting.
+        unfinished.finished = true;
     }
 }
 
@@ -164,6 +180,21 @@ struct Lead<I: Clone + Send + Sync + 'static, A: Send + 'static> {
 impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
     fn drop(&mut self) {
         self.shared.hand_over(&self.name);
+    }
+}
+
+/// A lane's batch task while it runs: dropped before it finished, it closes the lane.
+struct Unfinished<I: Clone + Send + Sync + 'static, A: Send + 'static> {
+    shared: Arc<Shared<I, A>>,
+    name: String,
+    finished: bool,
+}
+
+impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Unfinished<I, A> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.shared.lanes().remove(&self.name);
+        }
     }
 }
 
