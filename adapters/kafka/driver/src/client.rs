@@ -52,12 +52,14 @@ pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
     config
 }
 
-/// The idempotent, `acks=all` producer.
+/// The idempotent, `acks=all` producer. It sends what it holds at once (`linger.ms=0`): a
+/// batch arrives whole from the adapter, and what piles up while requests are in flight still
+/// goes together (with 1 ms, every append waited out the linger: 1 in flight 1.8 → 0.48 ms p50).
 pub(crate) fn producer(bootstrap: &str) -> Result<FutureProducer, String> {
     base_config(bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "1")
+        .set("linger.ms", "0")
         .set("message.timeout.ms", "30000")
         .create()
         .map_err(|e| format!("cannot make a Kafka producer for {bootstrap}: {e}"))
