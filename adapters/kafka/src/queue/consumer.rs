@@ -7,7 +7,8 @@
 //! a revoked partition's.
 //!
 //! Settlements of a batch run together: one commit at a time per partition, each covering
-//! the prefix settled by then, so a batch of acks costs a commit or two, not one each.
+//! the prefix settled by then; the settlement that starts a commit first yields, so the rest
+//! of its batch is off the ledger and a batch of acks costs one commit, not one each.
 //!
 //! After a seek, records the member fetched before it are still on their way (the member's
 //! event stream buffers them): until the record at the sought offset arrives, a partition's
@@ -285,22 +286,27 @@ impl KafkaConsumer {
         };
         loop {
             let notified = self.commits.notified();
-            let target = {
+            let starts_commit = {
                 let mut parts = self.parts.borrow_mut();
                 let part = incarnation(&mut parts, &key, held.epoch).ok_or_else(stale)?;
                 if part.committed.is_some_and(|c| c >= wanted) {
                     return Ok(());
                 }
-                if part.committing {
-                    None
-                } else {
-                    part.committing = true;
-                    Some(Self::prefix(part, held.offset))
-                }
+                !std::mem::replace(&mut part.committing, true)
             };
-            let Some(target) = target else {
+            if !starts_commit {
                 notified.await;
                 continue;
+            }
+            // The settlements of this batch run together: let the others take their deliveries
+            // off the ledger first, so this commit covers the batch (not its first ack alone,
+            // with a second commit for the rest after it).
+            wit_bindgen::yield_async().await;
+            let target = incarnation(&mut self.parts.borrow_mut(), &key, held.epoch)
+                .map(|part| Self::prefix(part, held.offset));
+            let Some(target) = target else {
+                self.commits.notify();
+                return Err(stale());
             };
             let committed = self.commit(&key, target).await;
             if let Some(part) = incarnation(&mut self.parts.borrow_mut(), &key, held.epoch) {
