@@ -114,24 +114,18 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     /// closes the lane (the next call of `name` goes at once again).
     fn next_batch(&self, name: &str) -> Option<Vec<Request<I, A>>> {
         let mut lanes = self.lanes();
-        let waiting = lanes.get_mut(name).map(std::mem::take).unwrap_or_default();
-        if waiting.is_empty() {
-            lanes.remove(name);
+        if close_if_idle(&mut lanes, name) {
             return None;
         }
-        Some(waiting)
+        lanes.get_mut(name).map(std::mem::take)
     }
 
     /// The call in flight for `name` ended: the calls waiting go next, from a task of their own
     /// that takes them when it runs (so a call the lead's caller makes next joins them); none
     /// waiting closes the lane.
     fn hand_over(self: &Arc<Self>, name: &str) {
-        {
-            let mut lanes = self.lanes();
-            if lanes.get(name).is_none_or(Vec::is_empty) {
-                lanes.remove(name);
-                return;
-            }
+        if close_if_idle(&mut self.lanes(), name) {
+            return;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned()))),
@@ -149,16 +143,17 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     async fn drain(self: Arc<Self>, name: String) {
         // Dropped unfinished (its runtime shut down), it closes the lane: the calls waiting
         // there end as closed rather than wait for a task that will not come.
-        let mut unfinished = Unfinished {
-            shared: self.clone(),
-            name: name.clone(),
+        let mut lane = Unfinished {
+            shared: self,
+            name,
             finished: false,
         };
-        while let Some(mut batch) = self.next_batch(&name) {
+        let (shared, name) = (&lane.shared, lane.name.as_str());
+        while let Some(mut batch) = shared.next_batch(name) {
             while !batch.is_empty() {
-                let rest = batch.split_off(batch.len().min(self.max));
+                let rest = batch.split_off(batch.len().min(shared.max));
                 let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
-                let answers = self.batch(&name, items).await;
+                let answers = shared.batch(name, items).await;
                 let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
                 hand_out(replies, answers, "items");
                 batch = rest;
@@ -166,7 +161,7 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
             tokio::task::yield_now().await;
         }
         // `next_batch` closed the lane when it found none waiting.
-        unfinished.finished = true;
+        lane.finished = true;
     }
 }
 
@@ -181,6 +176,15 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
     fn drop(&mut self) {
         self.shared.hand_over(&self.name);
     }
+}
+
+/// Whether `name`'s lane has no call waiting; if so it is closed (the next call goes at once).
+fn close_if_idle<R>(lanes: &mut HashMap<String, Vec<R>>, name: &str) -> bool {
+    let idle = lanes.get(name).is_none_or(Vec::is_empty);
+    if idle {
+        lanes.remove(name);
+    }
+    idle
 }
 
 /// A lane's batch task while it runs: dropped before it finished, it closes the lane.
