@@ -24,7 +24,7 @@ fn parse(id: &str) -> Result<(&str, u64), Error> {
 
 /// The id of the entry at `offset` of a log with `epoch`.
 fn id(epoch: &str, offset: u64) -> String {
-    format!("{epoch}:{offset}")
+    wrpc_broker_guest::ids::log_id(epoch, offset)
 }
 
 /// A stored entry as the broker's entry.

@@ -149,7 +149,7 @@ fn start_seq(state: &State, origin: &Start) -> Result<u64, Error> {
 /// A stored message (direct get or consumer delivery) as an entry at `seq`.
 fn entry(epoch: &str, seq: u64, m: Message) -> Entry {
     Entry {
-        id: format!("{epoch}:{seq}"),
+        id: ids::log_id(epoch, seq),
         pos: Position {
             partition: 0,
             offset: seq,
@@ -234,7 +234,7 @@ impl Guest for Component {
             None => state(&config, &topic).await?.epoch,
         };
         let seqs = append_all(&config, &topic, batch).await?;
-        Ok(seqs.into_iter().map(|s| format!("{epoch}:{s}")).collect())
+        Ok(seqs.into_iter().map(|s| ids::log_id(&epoch, s)).collect())
     }
 
     fn parse_id(text: String) -> Result<(), Error> {

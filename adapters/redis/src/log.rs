@@ -161,7 +161,7 @@ fn entry(epoch: &str, raw: &Reply) -> Option<Entry> {
     let n = seq(parts.first()?.bytes()?)?;
     let fields = parts.get(1)?;
     Some(Entry {
-        id: format!("{epoch}:{n}"),
+        id: wrpc_broker_guest::ids::log_id(epoch, n),
         pos: Position {
             partition: 0,
             offset: n,
@@ -398,7 +398,7 @@ impl Guest for Component {
             .unwrap_or_default()
             .iter()
             .filter_map(|id| id.bytes().and_then(seq))
-            .map(|n| format!("{epoch}:{n}"))
+            .map(|n| wrpc_broker_guest::ids::log_id(epoch, n))
             .collect();
         if ids.len() != count {
             return Err(Error::internal(format!(

@@ -175,7 +175,7 @@ impl Appender {
         }
         Ok(offsets?
             .into_iter()
-            .map(|o| format!("{epoch}:{o}"))
+            .map(|o| wrpc_broker_guest::ids::log_id(&epoch, o))
             .collect())
     }
 
