@@ -100,9 +100,10 @@ impl Cursor {
         self.next.get(&pos.partition).copied()
     }
 
-    fn advance(&mut self, e: &wit::Entry) {
-        self.next.insert(e.pos.partition, e.pos.offset + 1);
-        self.scan_from = Some(e.id.clone());
+    /// Past `pos`. The id to scan from is taken once per page or tail batch (`scan_from`), not
+    /// per entry: cloning every entry's id was a visible part of a catch-up's cost.
+    fn advance(&mut self, pos: &types::Position) {
+        self.next.insert(pos.partition, pos.offset + 1);
     }
 }
 
@@ -173,12 +174,17 @@ impl ReaderTask {
                     continue;
                 }
             };
+            // The last entry delivered from this batch whose id the cursor has not taken yet.
+            let mut unnoted: Option<&wit::Entry> = None;
             for entry in entries.iter() {
                 if let Some(next) = self.cursor.expects(&entry.pos) {
                     if entry.pos.offset < next {
                         continue;
                     }
                     if entry.pos.offset > next {
+                        if let Some(seen) = unnoted.take() {
+                            self.cursor.scan_from = Some(seen.id.clone());
+                        }
                         if Box::pin(self.catch_up()).await.is_err() {
                             return;
                         }
@@ -188,6 +194,10 @@ impl ReaderTask {
                     }
                 }
                 self.deliver(entry.clone());
+                unnoted = Some(entry);
+            }
+            if let Some(seen) = unnoted {
+                self.cursor.scan_from = Some(seen.id.clone());
             }
             if self.flush().await.is_err() {
                 return;
@@ -205,7 +215,7 @@ impl ReaderTask {
             tracing::warn!(topic = %self.topic, expected = next, got = entry.pos.offset,
                 "the adapter skipped offsets that no page returned");
         }
-        self.cursor.advance(&entry);
+        self.cursor.advance(&entry.pos);
         self.pending.push(entry.into());
     }
 
@@ -227,12 +237,15 @@ impl ReaderTask {
     }
 
     async fn deliver_page(&mut self, page: wit::Page) -> std::result::Result<(), Stop> {
+        // Whether delivered or already seen, the page's last entry is where a scan goes on.
+        let last = page.entries.last().map(|e| e.id.clone());
         for entry in page.entries {
             if self.cursor.is_new(&entry.pos) {
                 self.deliver(entry);
-            } else {
-                self.cursor.scan_from = Some(entry.id);
             }
+        }
+        if last.is_some() {
+            self.cursor.scan_from = last;
         }
         self.flush().await
     }
