@@ -43,7 +43,7 @@ pub fn log_id(epoch: &str, n: u64) -> String {
     let mut id = String::with_capacity(epoch.len() + 1 + digits.len() - start);
     id.push_str(epoch);
     id.push(':');
-    id.extend(digits[start..].iter().map(|&d| char::from(d)));
+    id.push_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"));
     id
 }
 
