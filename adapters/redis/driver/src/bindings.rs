@@ -36,7 +36,7 @@ fn redis_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<RedisDr
 
 fn error(e: CallError) -> wit::RedisError {
     match e {
-        CallError::ConnectionLost(m) => wit::RedisError::ConnectionLost(m),
+        CallError::ConnectionLost(m) | CallError::Loading(m) => wit::RedisError::ConnectionLost(m),
         CallError::Server(m) => wit::RedisError::Server(m),
         CallError::Refused(m) => wit::RedisError::Refused(m),
         CallError::Invalid(m) => wit::RedisError::Invalid(m),

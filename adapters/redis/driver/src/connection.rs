@@ -19,6 +19,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle dedicated connections kept for blocking commands.
 const POOL_MAX: usize = 16;
+/// How long a call waits out a server still loading its data set: restarted, Redis accepts
+/// connections before it serves, and answers every command `LOADING` until it has read its
+/// files. Nothing ran, so the call is sent again; past this it fails as a lost connection.
+const LOADING_WAIT: Duration = Duration::from_secs(5);
+/// The pause between two tries while the server loads.
+const LOADING_PAUSE: Duration = Duration::from_millis(20);
 
 /// A live subscription as [`Connections`] keeps it.
 pub(crate) struct LiveSubscription {
@@ -32,6 +38,8 @@ pub(crate) struct LiveSubscription {
 pub(crate) enum CallError {
     /// The connection was lost or could not be made.
     ConnectionLost(String),
+    /// The server refused the whole call while it loads its data set (nothing ran).
+    Loading(String),
     /// An error reply to the command.
     Server(String),
     /// Refused by fault injection.
@@ -47,7 +55,7 @@ pub(crate) fn classify(e: &RedisError) -> CallError {
         return CallError::ConnectionLost(e.to_string());
     }
     match (e.code(), e.detail()) {
-        (Some("LOADING"), _) => CallError::ConnectionLost(e.to_string()),
+        (Some("LOADING"), _) => CallError::Loading(e.to_string()),
         (Some(code), Some(detail)) => CallError::Server(format!("{code} {detail}")),
         (Some(code), None) => CallError::Server(code.to_string()),
         _ => CallError::ConnectionLost(e.to_string()),
@@ -122,8 +130,12 @@ impl Connections {
         }
     }
 
-    /// One command on the shared connection.
+    /// One command on the shared connection, sent again while the server loads.
     pub(crate) async fn command(&self, args: &[Vec<u8>]) -> Result<Value, CallError> {
+        once_loaded(|| self.command_once(args)).await
+    }
+
+    async fn command_once(&self, args: &[Vec<u8>]) -> Result<Value, CallError> {
         let cmd = build(args)?;
         self.faults.check(args)?;
         let (generation, mut conn) = self.shared().await?;
@@ -141,11 +153,29 @@ impl Connections {
     }
 
     /// Several commands in one round trip on the shared connection; one reply each (an error
-    /// reply stays in its place as a `Value::ServerError`).
+    /// reply stays in its place as a `Value::ServerError`). Sent again while the server loads
+    /// (every reply `LOADING`); if it finished loading midway (some ran, the first did not),
+    /// the pipeline fails as a lost connection: resent, what ran would run twice, in another
+    /// order.
     pub(crate) async fn pipeline(
         &self,
         commands: &[Vec<Vec<u8>>],
     ) -> Result<Vec<Value>, CallError> {
+        once_loaded(|| async {
+            let values = self.pipeline_once(commands).await?;
+            match values.iter().filter(|v| is_loading(v)).count() {
+                0 => Ok(values),
+                n if n == values.len() => Err(reply_error(values.into_iter().next().expect("a reply"))),
+                n => Err(CallError::ConnectionLost(format!(
+                    "the server finished loading its data set during a pipeline: {n} of {} commands refused",
+                    values.len()
+                ))),
+            }
+        })
+        .await
+    }
+
+    async fn pipeline_once(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, CallError> {
         if commands.is_empty() {
             return Err(CallError::Invalid("an empty pipeline".into()));
         }
@@ -174,9 +204,14 @@ impl Connections {
         }
     }
 
-    /// One blocking command on a dedicated connection from the pool. The connection goes back
-    /// to the pool only when the reply arrived; a call dropped midway takes it down with it.
+    /// One blocking command on a dedicated connection from the pool, sent again while the
+    /// server loads. The connection goes back to the pool only when the reply arrived; a call
+    /// dropped midway takes it down with it.
     pub(crate) async fn blocking(&self, args: &[Vec<u8>]) -> Result<Value, CallError> {
+        once_loaded(|| self.blocking_once(args)).await
+    }
+
+    async fn blocking_once(&self, args: &[Vec<u8>]) -> Result<Value, CallError> {
         let cmd = build(args)?;
         self.faults.check(args)?;
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -307,13 +342,37 @@ pub(crate) fn server_text(value: Value) -> String {
 }
 
 /// An error reply to a whole command: a server still loading its data set after a restart
-/// counts as a lost connection (try again), anything else is the server's answer.
+/// is [`CallError::Loading`] (try again), anything else is the server's answer.
 fn reply_error(value: Value) -> CallError {
     let text = server_text(value);
     if text.starts_with("LOADING") {
-        CallError::ConnectionLost(text)
+        CallError::Loading(text)
     } else {
         CallError::Server(text)
+    }
+}
+
+/// Whether `value` is the error reply of a server still loading its data set.
+fn is_loading(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "LOADING")
+}
+
+/// `call`, sent again while the server answers it is loading (up to [`LOADING_WAIT`]); still
+/// loading after that, it fails as a lost connection.
+async fn once_loaded<T, F, Fut>(mut call: F) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
+{
+    let deadline = tokio::time::Instant::now() + LOADING_WAIT;
+    loop {
+        match call().await {
+            Err(CallError::Loading(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(LOADING_PAUSE).await;
+            }
+            Err(CallError::Loading(why)) => return Err(CallError::ConnectionLost(why)),
+            answer => return answer,
+        }
     }
 }
 
@@ -431,7 +490,35 @@ impl Faults {
 
 #[cfg(test)]
 mod tests {
-    use super::Faults;
+    use super::{CallError, Faults, once_loaded, reply_error};
+
+    #[tokio::test]
+    async fn a_loading_server_is_waited_out_and_other_errors_are_not() {
+        // The reply a loading server sends, as the client parses it.
+        let loading = || {
+            let reply = b"-LOADING Redis is loading the dataset in memory\r\n";
+            reply_error(redis::parse_redis_value(reply).expect("an error reply"))
+        };
+        assert!(matches!(loading(), CallError::Loading(_)));
+        // Refused twice while loading, then served.
+        let mut tries = 0;
+        let answer = once_loaded(|| {
+            tries += 1;
+            let answer = if tries < 3 { Err(loading()) } else { Ok(tries) };
+            async move { answer }
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 3);
+        // Any other error is answered at once.
+        let mut tries = 0;
+        let answer: Result<(), _> = once_loaded(|| {
+            tries += 1;
+            async { Err(CallError::Server("ERR wrong".into())) }
+        })
+        .await;
+        assert!(matches!(answer, Err(CallError::Server(_))));
+        assert_eq!(tries, 1);
+    }
 
     fn args(words: &[&str]) -> Vec<Vec<u8>> {
         words.iter().map(|w| w.as_bytes().to_vec()).collect()
