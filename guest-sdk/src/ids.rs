@@ -29,7 +29,19 @@ pub fn is_epoch(text: &str) -> bool {
 /// The id `{epoch}:{n}` of a log entry, `n` in canonical decimal. Built without `core::fmt`: a
 /// catch-up page mints one per entry, and formatting was a visible part of its cost in a guest.
 pub fn log_id(epoch: &str, n: u64) -> String {
-    let mut digits = [0u8; 20];
+    let mut id = String::with_capacity(epoch.len() + 1 + MAX_DIGITS);
+    id.push_str(epoch);
+    id.push(':');
+    push_decimal(&mut id, n);
+    id
+}
+
+/// The most decimal digits of a `u64`.
+pub const MAX_DIGITS: usize = 20;
+
+/// Append `n` to `out` in canonical decimal (no leading zero), without `core::fmt`.
+pub fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = [0u8; MAX_DIGITS];
     let mut start = digits.len();
     let mut rest = n;
     loop {
@@ -40,11 +52,7 @@ pub fn log_id(epoch: &str, n: u64) -> String {
             break;
         }
     }
-    let mut id = String::with_capacity(epoch.len() + 1 + digits.len() - start);
-    id.push_str(epoch);
-    id.push(':');
-    id.push_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"));
-    id
+    out.push_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"));
 }
 
 /// Split a log id `{epoch}:{n}`, `n` a canonical decimal (`0`, or no leading zero); anything

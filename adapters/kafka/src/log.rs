@@ -71,8 +71,16 @@ fn parse(id: &str) -> Result<(&str, Vec<u64>), Error> {
 
 /// The id of offset vector `next` under `epoch`.
 fn id(epoch: &str, next: &[u64]) -> String {
-    let offsets: Vec<String> = next.iter().map(u64::to_string).collect();
-    format!("{epoch}:{}", offsets.join(","))
+    let mut id = String::with_capacity(epoch.len() + next.len() * (ids::MAX_DIGITS + 1));
+    id.push_str(epoch);
+    id.push(':');
+    for (i, offset) in next.iter().enumerate() {
+        if i > 0 {
+            id.push(',');
+        }
+        ids::push_decimal(&mut id, *offset);
+    }
+    id
 }
 
 /// Where a read from `origin` starts in each partition; `marks` are the partitions' watermarks.
