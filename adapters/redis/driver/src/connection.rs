@@ -344,11 +344,10 @@ pub(crate) fn server_text(value: Value) -> String {
 /// An error reply to a whole command: a server still loading its data set after a restart
 /// is [`CallError::Loading`] (try again), anything else is the server's answer.
 fn reply_error(value: Value) -> CallError {
-    let text = server_text(value);
-    if text.starts_with("LOADING") {
-        CallError::Loading(text)
+    if is_loading(&value) {
+        CallError::Loading(server_text(value))
     } else {
-        CallError::Server(text)
+        CallError::Server(server_text(value))
     }
 }
 
