@@ -21,8 +21,9 @@ use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
 use crate::slot::AdapterSlot;
 
-/// One adapter call for a batch: (instance, name, items) → one answer per item.
-pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Vec<I>) -> Pin<Box<dyn Future<Output = Result<Vec<A>>> + Send>>
+/// One adapter call for a batch: (instance, name, items) → one answer per item. The items are
+/// shared so a retry after a trap sends them again without copying them.
+pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Arc<[I]>) -> Pin<Box<dyn Future<Output = Result<Vec<A>>> + Send>>
     + Send
     + Sync;
 
@@ -41,7 +42,7 @@ struct Shared<I, A> {
     lanes: Mutex<HashMap<String, Vec<Request<I, A>>>>,
 }
 
-impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
+impl<I: Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
     /// Batchers making at most `max` items per `call`.
     pub(crate) fn new(slot: Arc<AdapterSlot>, max: usize, call: Arc<BatchCall<I, A>>) -> Self {
         let shared = Shared {
@@ -86,7 +87,7 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
             shared: self.shared.clone(),
             name: name.to_owned(),
         };
-        let answers = self.shared.batch(&lead.name, vec![item]).await;
+        let answers = self.shared.batch(&lead.name, Arc::from([item])).await;
         drop(lead);
         let mut answers = answers?;
         match answers.len() {
@@ -98,13 +99,13 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
     }
 }
 
-impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
+impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     fn lanes(&self) -> MutexGuard<'_, HashMap<String, Vec<Request<I, A>>>> {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One adapter call of `items`, tried again on the replacement when a trap failed it.
-    async fn batch(&self, name: &str, items: Vec<I>) -> Result<Vec<A>> {
+    async fn batch(&self, name: &str, items: Arc<[I]>) -> Result<Vec<A>> {
         self.slot
             .retry_trapped(|adapter| (self.call)(adapter, name.to_owned(), items.clone()))
             .await
@@ -152,7 +153,14 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
         while let Some(mut batch) = shared.next_batch(name) {
             while !batch.is_empty() {
                 let rest = batch.split_off(batch.len().min(shared.max));
-                let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+                let mut replies = Vec::with_capacity(batch.len());
+                let items: Arc<[I]> = batch
+                    .into_iter()
+                    .map(|(item, reply)| {
+                        replies.push(reply);
+                        item
+                    })
+                    .collect();
                 let answers = shared.batch(name, items).await;
                 let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
                 hand_out(replies, answers, "items");
@@ -167,12 +175,12 @@ impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
 
 /// The call in flight for a name, made on its caller's task: when it ends (or its caller drops
 /// it), the calls waiting behind it go on.
-struct Lead<I: Clone + Send + Sync + 'static, A: Send + 'static> {
+struct Lead<I: Send + Sync + 'static, A: Send + 'static> {
     shared: Arc<Shared<I, A>>,
     name: String,
 }
 
-impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
+impl<I: Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
     fn drop(&mut self) {
         self.shared.hand_over(&self.name);
     }
@@ -188,13 +196,13 @@ fn close_if_idle<R>(lanes: &mut HashMap<String, Vec<R>>, name: &str) -> bool {
 }
 
 /// A lane's batch task while it runs: dropped before it finished, it closes the lane.
-struct Unfinished<I: Clone + Send + Sync + 'static, A: Send + 'static> {
+struct Unfinished<I: Send + Sync + 'static, A: Send + 'static> {
     shared: Arc<Shared<I, A>>,
     name: String,
     finished: bool,
 }
 
-impl<I: Clone + Send + Sync + 'static, A: Send + 'static> Drop for Unfinished<I, A> {
+impl<I: Send + Sync + 'static, A: Send + 'static> Drop for Unfinished<I, A> {
     fn drop(&mut self) {
         if !self.finished {
             self.shared.lanes().remove(&self.name);

@@ -2,6 +2,8 @@
 //! Store-owner task, answers `unsupported` when the component lacks the capability, and turns
 //! returned streams into tokio channels of batches.
 
+use std::sync::Arc;
+
 use tokio::sync::mpsc;
 
 use super::instance::AdapterInstance;
@@ -32,21 +34,29 @@ fn missing(capability: &str) -> Error {
 /// Raw calls: what an adapter exports, with no host machinery on top (the contract suite uses
 /// these to check an adapter's own contract; the public API builds on them).
 impl AdapterInstance {
-    /// `log.append`.
+    /// `log.append`. The batch is lowered from the shared slice: the caller keeps an `Arc` of
+    /// it to send again after a trap, with no copy of the payloads per attempt.
     pub async fn log_append(
         &self,
         topic: String,
-        batch: Vec<log::RecordIn>,
+        batch: impl Into<Arc<[log::RecordIn]>>,
     ) -> Result<Vec<String>> {
+        let batch = batch.into();
         self.call(move |accessor, exports| {
             Box::pin(async move {
                 let Some(log) = &exports.log else {
                     return Ok(Err(missing("log")));
                 };
-                Ok(log
-                    .call_append(accessor, topic, batch)
-                    .await?
-                    .map_err(Error::from))
+                // SAFETY: the generated signature with `Arc<[T]>` for `Vec<T>`; both lower as
+                // WIT `list<T>` (wasmtime forwards `Arc<T>` to `T` and `Vec<T>` to `[T]`).
+                let append = unsafe {
+                    TypedFunc::<
+                        (String, Arc<[log::RecordIn]>),
+                        (std::result::Result<Vec<String>, types::Error>,),
+                    >::new_unchecked(*log.func_append().func())
+                };
+                let (appended,) = append.call_concurrent(accessor, (topic, batch)).await?;
+                Ok(appended.map_err(Error::from))
             })
         })
         .await
@@ -115,17 +125,29 @@ impl AdapterInstance {
         .await
     }
 
-    /// `backplane.publish`.
-    pub async fn backplane_publish(&self, channel: String, payloads: Vec<Vec<u8>>) -> Result<()> {
+    /// `backplane.publish`, lowered from the shared slice (as [`Self::log_append`]).
+    pub async fn backplane_publish(
+        &self,
+        channel: String,
+        payloads: impl Into<Arc<[Vec<u8>]>>,
+    ) -> Result<()> {
+        let payloads = payloads.into();
         self.call(move |accessor, exports| {
             Box::pin(async move {
                 let Some(backplane) = &exports.backplane else {
                     return Ok(Err(missing("backplane")));
                 };
-                Ok(backplane
-                    .call_publish(accessor, channel, payloads)
-                    .await?
-                    .map_err(Error::from))
+                // SAFETY: as in `log_append`: `Arc<[T]>` lowers as `Vec<T>` (WIT `list<T>`).
+                let publish = unsafe {
+                    TypedFunc::<
+                        (String, Arc<[Vec<u8>]>),
+                        (std::result::Result<(), types::Error>,),
+                    >::new_unchecked(*backplane.func_publish().func())
+                };
+                let (published,) = publish
+                    .call_concurrent(accessor, (channel, payloads))
+                    .await?;
+                Ok(published.map_err(Error::from))
             })
         })
         .await
@@ -150,21 +172,29 @@ impl AdapterInstance {
         .await
     }
 
-    /// `queue.produce`.
+    /// `queue.produce`, lowered from the shared slice (as [`Self::log_append`]).
     pub async fn queue_produce(
         &self,
         queue_name: String,
-        batch: Vec<queue::Message>,
+        batch: impl Into<Arc<[queue::Message]>>,
     ) -> Result<()> {
+        let batch = batch.into();
         self.call(move |accessor, exports| {
             Box::pin(async move {
                 let Some(queue) = &exports.queue else {
                     return Ok(Err(missing("queue")));
                 };
-                Ok(queue
-                    .call_produce(accessor, queue_name, batch)
-                    .await?
-                    .map_err(Error::from))
+                // SAFETY: as in `log_append`: `Arc<[T]>` lowers as `Vec<T>` (WIT `list<T>`).
+                let produce = unsafe {
+                    TypedFunc::<
+                        (String, Arc<[queue::Message]>),
+                        (std::result::Result<(), types::Error>,),
+                    >::new_unchecked(*queue.func_produce().func())
+                };
+                let (produced,) = produce
+                    .call_concurrent(accessor, (queue_name, batch))
+                    .await?;
+                Ok(produced.map_err(Error::from))
             })
         })
         .await

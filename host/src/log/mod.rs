@@ -141,7 +141,7 @@ impl Log {
         topic: &str,
         records: Vec<(Vec<u8>, AppendOptions)>,
     ) -> Result<Vec<String>> {
-        let batch = records
+        let batch: Arc<[wit::RecordIn]> = records
             .into_iter()
             .map(|(value, o)| wit::RecordIn {
                 value,
@@ -149,12 +149,11 @@ impl Log {
                 key: o.key,
             })
             .collect();
-        let batch: Vec<wit::RecordIn> = batch;
         self.inner
             .slot
             .retry_trapped(|adapter| {
-                let (first, second) = (topic.to_string(), batch.clone());
-                async move { adapter.log_append(first, second).await }
+                let (topic, batch) = (topic.to_string(), batch.clone());
+                async move { adapter.log_append(topic, batch).await }
             })
             .await
     }

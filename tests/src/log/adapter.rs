@@ -62,7 +62,7 @@ pub(super) async fn adapter_tail_yields_every_later_entry_once_in_order(
     let ids = adapter
         .log_append(
             topic.clone(),
-            (0..50).map(|i| record(format!("t{i}"))).collect(),
+            (0..50).map(|i| record(format!("t{i}"))).collect::<Vec<_>>(),
         )
         .await?;
     expect_tail(&mut live, start, 0..50)
@@ -80,7 +80,9 @@ pub(super) async fn adapter_tail_yields_every_later_entry_once_in_order(
     adapter
         .log_append(
             topic.clone(),
-            (50..55).map(|i| record(format!("t{i}"))).collect(),
+            (50..55)
+                .map(|i| record(format!("t{i}")))
+                .collect::<Vec<_>>(),
         )
         .await?;
     expect_tail(&mut resumed, start + 10, 10..55)
