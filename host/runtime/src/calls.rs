@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::instance::AdapterInstance;
 use super::streams::Forward;
-use wasmtime::component::{Accessor, StreamReader, TypedFunc};
+use wasmtime::component::{Accessor, Func, Lift, Lower, StreamReader, TypedFunc};
 
 use super::sandbox::Ctx;
 
@@ -31,6 +31,17 @@ fn missing(capability: &str) -> Error {
     ))
 }
 
+/// `func`, a `(string, list<T>) -> R` export, typed to lower its list from an `Arc<[T]>`: a
+/// caller that may send a batch again (after a trap) shares it instead of copying it.
+///
+/// # Safety
+/// `func` must be the export whose generated signature is `(String, Vec<T>) -> R`. wasmtime
+/// lowers `Arc<[T]>` exactly as `Vec<T>` (it forwards `Arc<X>` to `X` and `Vec<T>` to `[T]`).
+unsafe fn shared_list<T: Lower, R: Lift>(func: Func) -> TypedFunc<(String, Arc<[T]>), (R,)> {
+    // SAFETY: the caller's promise above.
+    unsafe { TypedFunc::new_unchecked(func) }
+}
+
 /// Raw calls: what an adapter exports, with no host machinery on top (the contract suite uses
 /// these to check an adapter's own contract; the public API builds on them).
 impl AdapterInstance {
@@ -47,13 +58,11 @@ impl AdapterInstance {
                 let Some(log) = &exports.log else {
                     return Ok(Err(missing("log")));
                 };
-                // SAFETY: the generated signature with `Arc<[T]>` for `Vec<T>`; both lower as
-                // WIT `list<T>` (wasmtime forwards `Arc<T>` to `T` and `Vec<T>` to `[T]`).
+                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
                 let append = unsafe {
-                    TypedFunc::<
-                        (String, Arc<[log::RecordIn]>),
-                        (std::result::Result<Vec<String>, types::Error>,),
-                    >::new_unchecked(*log.func_append().func())
+                    shared_list::<_, std::result::Result<Vec<String>, types::Error>>(
+                        *log.func_append().func(),
+                    )
                 };
                 let (appended,) = append.call_concurrent(accessor, (topic, batch)).await?;
                 Ok(appended.map_err(Error::from))
@@ -137,12 +146,11 @@ impl AdapterInstance {
                 let Some(backplane) = &exports.backplane else {
                     return Ok(Err(missing("backplane")));
                 };
-                // SAFETY: as in `log_append`: `Arc<[T]>` lowers as `Vec<T>` (WIT `list<T>`).
+                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
                 let publish = unsafe {
-                    TypedFunc::<
-                        (String, Arc<[Vec<u8>]>),
-                        (std::result::Result<(), types::Error>,),
-                    >::new_unchecked(*backplane.func_publish().func())
+                    shared_list::<_, std::result::Result<(), types::Error>>(
+                        *backplane.func_publish().func(),
+                    )
                 };
                 let (published,) = publish
                     .call_concurrent(accessor, (channel, payloads))
@@ -184,12 +192,11 @@ impl AdapterInstance {
                 let Some(queue) = &exports.queue else {
                     return Ok(Err(missing("queue")));
                 };
-                // SAFETY: as in `log_append`: `Arc<[T]>` lowers as `Vec<T>` (WIT `list<T>`).
+                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
                 let produce = unsafe {
-                    TypedFunc::<
-                        (String, Arc<[queue::Message]>),
-                        (std::result::Result<(), types::Error>,),
-                    >::new_unchecked(*queue.func_produce().func())
+                    shared_list::<_, std::result::Result<(), types::Error>>(
+                        *queue.func_produce().func(),
+                    )
                 };
                 let (produced,) = produce
                     .call_concurrent(accessor, (queue_name, batch))
