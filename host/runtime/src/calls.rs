@@ -31,15 +31,32 @@ fn missing(capability: &str) -> Error {
     ))
 }
 
-/// `func`, a `(string, list<T>) -> R` export, typed to lower its list from an `Arc<[T]>`: a
-/// caller that may send a batch again (after a trap) shares it instead of copying it.
+/// Call `func`, a `(string, list<T>) -> result<R, error>` export, lowering its list from an
+/// `Arc<[T]>`: a caller that may send a batch again (after a trap) shares it instead of
+/// copying it.
 ///
 /// # Safety
-/// `func` must be the export whose generated signature is `(String, Vec<T>) -> R`. wasmtime
-/// lowers `Arc<[T]>` exactly as `Vec<T>` (it forwards `Arc<X>` to `X` and `Vec<T>` to `[T]`).
-unsafe fn shared_list<T: Lower, R: Lift>(func: Func) -> TypedFunc<(String, Arc<[T]>), (R,)> {
+/// `func` must be the export whose generated signature is `(String, Vec<T>) ->
+/// Result<R, types::Error>`. wasmtime lowers `Arc<[T]>` exactly as `Vec<T>` (it forwards
+/// `Arc<X>` to `X` and `Vec<T>` to `[T]`).
+async unsafe fn call_shared_list<T, R>(
+    accessor: &Accessor<Ctx>,
+    func: Func,
+    name: String,
+    list: Arc<[T]>,
+) -> wasmtime::Result<Result<R>>
+where
+    T: Lower + Send + Sync + 'static,
+    R: Lift + Send + Sync + 'static,
+{
     // SAFETY: the caller's promise above.
-    unsafe { TypedFunc::new_unchecked(func) }
+    let typed = unsafe {
+        TypedFunc::<(String, Arc<[T]>), (std::result::Result<R, types::Error>,)>::new_unchecked(
+            func,
+        )
+    };
+    let (answer,) = typed.call_concurrent(accessor, (name, list)).await?;
+    Ok(answer.map_err(Error::from))
 }
 
 /// Raw calls: what an adapter exports, with no host machinery on top (the contract suite uses
@@ -58,14 +75,8 @@ impl AdapterInstance {
                 let Some(log) = &exports.log else {
                     return Ok(Err(missing("log")));
                 };
-                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
-                let append = unsafe {
-                    shared_list::<_, std::result::Result<Vec<String>, types::Error>>(
-                        *log.func_append().func(),
-                    )
-                };
-                let (appended,) = append.call_concurrent(accessor, (topic, batch)).await?;
-                Ok(appended.map_err(Error::from))
+                // SAFETY: generated as `(String, Vec<_>) -> Result<_, Error>`.
+                unsafe { call_shared_list(accessor, *log.func_append().func(), topic, batch).await }
             })
         })
         .await
@@ -146,16 +157,16 @@ impl AdapterInstance {
                 let Some(backplane) = &exports.backplane else {
                     return Ok(Err(missing("backplane")));
                 };
-                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
-                let publish = unsafe {
-                    shared_list::<_, std::result::Result<(), types::Error>>(
+                // SAFETY: generated as `(String, Vec<_>) -> Result<_, Error>`.
+                unsafe {
+                    call_shared_list(
+                        accessor,
                         *backplane.func_publish().func(),
+                        channel,
+                        payloads,
                     )
-                };
-                let (published,) = publish
-                    .call_concurrent(accessor, (channel, payloads))
-                    .await?;
-                Ok(published.map_err(Error::from))
+                    .await
+                }
             })
         })
         .await
@@ -192,16 +203,11 @@ impl AdapterInstance {
                 let Some(queue) = &exports.queue else {
                     return Ok(Err(missing("queue")));
                 };
-                // SAFETY: the export's generated signature is `(String, Vec<_>) -> _`.
-                let produce = unsafe {
-                    shared_list::<_, std::result::Result<(), types::Error>>(
-                        *queue.func_produce().func(),
-                    )
-                };
-                let (produced,) = produce
-                    .call_concurrent(accessor, (queue_name, batch))
-                    .await?;
-                Ok(produced.map_err(Error::from))
+                // SAFETY: generated as `(String, Vec<_>) -> Result<_, Error>`.
+                unsafe {
+                    call_shared_list(accessor, *queue.func_produce().func(), queue_name, batch)
+                        .await
+                }
             })
         })
         .await
