@@ -8,7 +8,9 @@
 //!    mpsc and answered through a oneshot — the host's Store-owner shape without its
 //!    bookkeeping (budgets, call timeouts, trap reports, successors).
 //!
-//! The host's trivial call is step 3 plus that bookkeeping.
+//! The host's trivial call is step 3's shape plus that bookkeeping, except that a caller that
+//! finds nobody polling the Store-owner's future polls it itself (`drive`): no hop to the
+//! owner's task, which step 3 keeps as the comparison.
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,6 @@
-//! A running adapter: a handle ([`AdapterInstance`]) to the Store-owner task that serves its
-//! instances (see `supervise`), and calls into it. Every call has a wall clock that fires on the
+//! A running adapter: a handle ([`AdapterInstance`]) to the Store-owner that serves its
+//! instances (see `supervise`), and calls into it. The owner's future has a task of its own,
+//! and a caller that finds nobody polling it polls it itself (see `drive`). Every call has a wall clock that fires on the
 //! caller's side, so it answers `timeout` even while the guest holds the instance; a call that
 //! was in flight when its instance trapped answers with that trap's report.
 
@@ -9,10 +10,12 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::Accessor;
 
+use super::drive::Owner;
 use super::lent::DriverConnections;
 use super::loader::{Capabilities, Exports, SharedComponent};
 use super::output::InstanceLog;
@@ -116,6 +119,8 @@ impl Shared {
 #[derive(Clone)]
 pub struct AdapterInstance {
     jobs: mpsc::Sender<Job>,
+    /// The Store-owner's future, polled by its driver task or by a caller that submits.
+    owner: Arc<Owner>,
     generations: watch::Receiver<u32>,
     shared: Arc<Shared>,
 }
@@ -158,7 +163,7 @@ impl AdapterInstance {
             successor: std::sync::OnceLock::new(),
             finished: CancellationToken::new(),
         });
-        tokio::spawn(supervise(
+        let owner = Owner::spawn(Box::pin(supervise(
             Supervisor {
                 component,
                 config,
@@ -170,9 +175,10 @@ impl AdapterInstance {
             },
             store,
             exports,
-        ));
+        )));
         Ok(Self {
             jobs,
+            owner,
             generations,
             shared,
         })
@@ -241,6 +247,18 @@ impl AdapterInstance {
     /// Queue `job` here, or at the successor once this instance was retired.
     fn submit(&self, job: Job) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
         Box::pin(async move {
+            // Nobody polls the Store-owner now: hand the job over and poll it on this task, so
+            // a call that needs nothing else is answered here, without a hop to another task.
+            let job = match self.owner.hold() {
+                Some(held) => match self.jobs.try_send(job) {
+                    Ok(()) => {
+                        drop(held);
+                        return Ok(());
+                    }
+                    Err(TrySendError::Full(job) | TrySendError::Closed(job)) => job,
+                },
+                None => job,
+            };
             match self.jobs.send(job).await {
                 Ok(()) => Ok(()),
                 Err(mpsc::error::SendError(job)) => match self.shared.successor.get() {

@@ -11,6 +11,7 @@ pub mod bindings;
 pub mod budget;
 pub mod cache;
 mod calls;
+mod drive;
 pub mod driver;
 pub mod error;
 pub mod faults;

@@ -1,0 +1,256 @@
+//! The Store-owner's future, polled by whichever task gets to it first.
+//!
+//! A task of its own (the driver) polls the future whenever something it waits on wakes it.
+//! A caller that submits a call does not wake the driver and wait for it: if nobody is polling
+//! the future, the caller takes it, hands its call over, and polls it right there
+//! ([`Owner::hold`]). A trivial call is then answered within the caller's own poll, with
+//! no hop to another task — on tokio's multi-threaded runtime such a hop wakes a parked worker
+//! every few calls, and that wake-up was most of a trivial call's time (BENCHMARKS.md).
+//!
+//! Whoever polls, every poll uses the same waker, which wakes the driver only when nobody is
+//! polling: a wake that arrives during a poll makes that poller poll again before it lets go,
+//! so no wake is lost, and the driver runs only for what no caller is there to see.
+
+use std::cell::UnsafeCell;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+
+/// Set while one task polls the future (the future is only touched by the holder of this bit).
+const HELD: u8 = 1;
+/// Set by a wake since the current (or the last) poll began.
+const WOKEN: u8 = 2;
+/// How many times in a row one holder polls again because it was woken during its poll, before
+/// it leaves the rest to the driver (a future that keeps waking itself must not hold a caller).
+const REPOLLS: usize = 4;
+
+/// The future a Store-owner runs for its life.
+pub(crate) type OwnerFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The wake state, and the driver task's waker once it first ran.
+struct Signal {
+    state: AtomicU8,
+    driver: OnceLock<Waker>,
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Nobody holds the future and nobody was woken yet: the driver polls it. (While it is
+        // held, the holder sees `WOKEN` and polls again.)
+        if self.state.fetch_or(WOKEN, SeqCst) == 0 {
+            self.wake_driver();
+        }
+    }
+}
+
+impl Signal {
+    fn wake_driver(&self) {
+        // Before its first run the driver has no waker here; that first run polls anyway.
+        if let Some(driver) = self.driver.get() {
+            driver.wake_by_ref();
+        }
+    }
+}
+
+/// The future held by this task: dropping it polls the future here, then lets it go.
+pub(crate) struct Held<'a> {
+    owner: &'a Owner,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.owner.poll_held();
+    }
+}
+
+/// A Store-owner's future, shared by its driver task and the callers that submit to it.
+pub(crate) struct Owner {
+    signal: Arc<Signal>,
+    /// The waker every poll uses (wakes [`Signal`]).
+    waker: Waker,
+    /// `None` once the future finished (or panicked).
+    future: UnsafeCell<Option<OwnerFuture>>,
+}
+
+// SAFETY: `future` is only touched by the one task that set `HELD` (acquired and released with
+// `SeqCst`, which orders the accesses), as a `Mutex` would; the future itself is `Send`.
+unsafe impl Sync for Owner {}
+
+impl Owner {
+    /// Share `future` and spawn its driver task.
+    pub(crate) fn spawn(future: OwnerFuture) -> Arc<Self> {
+        let signal = Arc::new(Signal {
+            state: AtomicU8::new(0),
+            driver: OnceLock::new(),
+        });
+        let owner = Arc::new(Self {
+            waker: Waker::from(signal.clone()),
+            signal,
+            future: UnsafeCell::new(Some(future)),
+        });
+        let driven = owner.clone();
+        tokio::spawn(std::future::poll_fn(move |cx| {
+            driven.signal.driver.get_or_init(|| cx.waker().clone());
+            match driven.acquire() {
+                // Held: the holder polls (again) before it lets go.
+                false => Poll::Pending,
+                true if driven.poll_held() => Poll::Ready(()),
+                true => Poll::Pending,
+            }
+        }));
+        owner
+    }
+
+    /// Hold the future if nobody polls it now (`None`: another task does, and its poll sees
+    /// what is submitted meanwhile). The holder submits (that wake does not go to the driver)
+    /// and the future is polled here when the [`Held`] drops. Never hold it across an await.
+    pub(crate) fn hold(&self) -> Option<Held<'_>> {
+        self.acquire().then(|| Held { owner: self })
+    }
+
+    /// Take the future for polling; false when another task holds it.
+    fn acquire(&self) -> bool {
+        self.signal.state.fetch_or(HELD, SeqCst) & HELD == 0
+    }
+
+    /// Poll the held future until no wake came during the poll (at most [`REPOLLS`] times),
+    /// then let it go. True when the future has finished.
+    fn poll_held(&self) -> bool {
+        let mut cx = Context::from_waker(&self.waker);
+        for _ in 0..REPOLLS {
+            // This poll covers every wake so far.
+            self.signal.state.store(HELD, SeqCst);
+            // SAFETY: this task set `HELD`; nobody else touches `future` until it is cleared.
+            let slot = unsafe { &mut *self.future.get() };
+            let Some(future) = slot.as_mut() else {
+                self.signal.state.store(0, SeqCst);
+                return true;
+            };
+            let polled = catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+            match polled {
+                Ok(Poll::Pending) => {}
+                Ok(Poll::Ready(())) => return self.finish(slot),
+                Err(panic) => {
+                    self.finish(slot);
+                    resume_unwind(panic);
+                }
+            }
+            if self
+                .signal
+                .state
+                .compare_exchange(HELD, 0, SeqCst, SeqCst)
+                .is_ok()
+            {
+                return false;
+            }
+        }
+        // Still woken: let go, and let the driver poll it next.
+        self.signal.state.store(WOKEN, SeqCst);
+        self.signal.wake_driver();
+        false
+    }
+
+    /// The future finished (or panicked): drop it, let go and wake the driver so it ends too.
+    fn finish(&self, slot: &mut Option<OwnerFuture>) -> bool {
+        *slot = None;
+        self.signal.state.store(WOKEN, SeqCst);
+        self.signal.wake_driver();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+    use tokio::sync::{mpsc, oneshot};
+
+    type Request = (u64, oneshot::Sender<u64>);
+
+    /// An owner that answers each number sent to it with its double.
+    fn doubler() -> (Arc<Owner>, mpsc::Sender<Request>) {
+        let (tx, mut rx) = mpsc::channel::<Request>(16);
+        let owner = Owner::spawn(Box::pin(async move {
+            while let Some((n, answer)) = rx.recv().await {
+                let _ = answer.send(n * 2);
+            }
+        }));
+        (owner, tx)
+    }
+
+    /// Submit `request` as the host does: through the held future when nobody polls it.
+    async fn submit(owner: &Owner, tx: &mpsc::Sender<Request>, request: Request) {
+        let request = match owner.hold() {
+            Some(held) => match tx.try_send(request) {
+                Ok(()) => return drop(held),
+                Err(full) => full.into_inner(),
+            },
+            None => request,
+        };
+        tx.send(request).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_submission_is_answered_within_the_callers_own_poll() {
+        let (owner, tx) = doubler();
+        // Let the driver run once and go idle.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (answer, mut rx) = oneshot::channel();
+        submit(&owner, &tx, (21, answer)).await;
+        assert_eq!(rx.try_recv(), Ok(42), "answered before the caller waited");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wakes_from_many_tasks_are_never_lost() {
+        let (owner, tx) = doubler();
+        let answered = Arc::new(AtomicUsize::new(0));
+        let tasks = (0..8).map(|t| {
+            let (owner, tx, answered) = (owner.clone(), tx.clone(), answered.clone());
+            tokio::spawn(async move {
+                for n in 0..2_000u64 {
+                    let (answer, rx) = oneshot::channel();
+                    // Half the tasks submit through the held future, half leave it to others.
+                    if t % 2 == 0 {
+                        submit(&owner, &tx, (n, answer)).await;
+                    } else {
+                        tx.send((n, answer)).await.unwrap();
+                    }
+                    let got = tokio::time::timeout(Duration::from_secs(5), rx).await;
+                    assert_eq!(got.expect("a wake was lost").unwrap(), n * 2);
+                    answered.fetch_add(1, SeqCst);
+                }
+            })
+        });
+        for task in tasks.collect::<Vec<_>>() {
+            task.await.unwrap();
+        }
+        assert_eq!(answered.load(SeqCst), 16_000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_future_finishes_once_whoever_polls_it() {
+        let (tx, mut rx) = mpsc::channel::<()>(1);
+        let ended = Arc::new(AtomicUsize::new(0));
+        let end = ended.clone();
+        let owner = Owner::spawn(Box::pin(async move {
+            let _ = rx.recv().await;
+            end.fetch_add(1, SeqCst);
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The sender's drop wakes the future; it ends in the driver's poll or this one.
+        drop(tx);
+        drop(owner.hold());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(ended.load(SeqCst), 1);
+        assert!(owner.hold().is_some(), "a finished future is not held");
+        assert_eq!(Arc::strong_count(&owner), 1, "the driver task ended");
+    }
+}
