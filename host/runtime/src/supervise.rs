@@ -5,6 +5,8 @@
 //! the Store and starts the next generation. Closing gives the adapter's `close` its time, then
 //! drops the Store whatever the guest is doing.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +42,14 @@ pub(crate) struct Supervisor {
     pub(crate) gen_tx: watch::Sender<u32>,
     pub(crate) rx: mpsc::Receiver<Job>,
     pub(crate) logger: TargetLogger,
+}
+
+/// What the owner is told while it serves.
+enum Signal {
+    /// The adapter is closed.
+    Close,
+    /// The adapter is retired: finish what was submitted, then close.
+    Retire,
 }
 
 enum Exit {
@@ -178,22 +188,32 @@ async fn serve_loop(
         let _ = tokio::time::timeout(close_timeout, exports.adapter.call_close(accessor)).await;
         Ok(Exit::Closed)
     };
-    // Made once, not per turn of the loop: each new one registers with its token (a lock).
-    let closing = shared.closing.cancelled();
-    let retiring = shared.retiring.cancelled();
-    tokio::pin!(closing, retiring);
+    // Made once, not per turn of the loop (each new one registers with its token, a lock), and
+    // polled only when woken: every turn polling both tokens cost a trivial call ≈ 6 %.
+    let mut signals: FuturesUnordered<Pin<Box<dyn Future<Output = Signal> + Send + '_>>> =
+        FuturesUnordered::new();
+    signals.push(Box::pin(async {
+        shared.closing.cancelled().await;
+        Signal::Close
+    }));
+    signals.push(Box::pin(async {
+        shared.retiring.cancelled().await;
+        Signal::Retire
+    }));
     loop {
         if drained && inflight.is_empty() {
             return close().await;
         }
         tokio::select! {
             biased;
-            () = &mut closing => return close().await,
-            () = &mut retiring, if !draining => {
-                // Later submissions fail here and go to the successor.
-                rx.close();
-                draining = true;
-            }
+            Some(signal) = signals.next() => match signal {
+                Signal::Close => return close().await,
+                Signal::Retire => {
+                    // Later submissions fail here and go to the successor.
+                    rx.close();
+                    draining = true;
+                }
+            },
             Some(done) = inflight.next(), if !inflight.is_empty() => done?,
             received = rx.recv_many(&mut batch, JOBS_PER_WAKE), if !drained => {
                 if received == 0 {
