@@ -1,4 +1,4 @@
-//! The wrpc-broker runtime: loading and caching components, sandboxing, the Store-owner task per
+//! The wrpc-broker runtime: loading and caching components, sandboxing, the Store-owner per
 //! instance, streams across the boundary, the `host` import, and what a driver is ([`driver`]).
 //!
 //! It sits below everything else: the drivers (one crate per broker, `adapters/<name>/driver`)
