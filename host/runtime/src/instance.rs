@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,6 +134,38 @@ impl std::fmt::Debug for AdapterInstance {
     }
 }
 
+/// What the caller of a job hears.
+enum Answer<R> {
+    /// The call's own answer.
+    Done(Result<R>),
+    /// The instance of this generation stopped (a trap, or it was dropped) with the call in
+    /// flight.
+    Stopped(u32),
+}
+
+/// A job's side of its caller's answer: dropped unanswered (its instance stopped with it in
+/// flight), it tells the caller which generation had it.
+struct Reply<R> {
+    tx: Option<oneshot::Sender<Answer<R>>>,
+    generation: u32,
+}
+
+impl<R> Reply<R> {
+    fn send(mut self, answer: Answer<R>) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(answer);
+        }
+    }
+}
+
+impl<R> Drop for Reply<R> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Answer::Stopped(self.generation));
+        }
+    }
+}
+
 impl AdapterInstance {
     /// Instantiate `component`, run `describe` and `init`, and start its Store-owner task.
     pub async fn start(component: SharedComponent, config: InstanceConfig) -> Result<Self> {
@@ -245,20 +277,29 @@ impl AdapterInstance {
     }
 
     /// Queue `job` here, or at the successor once this instance was retired.
-    fn submit(&self, job: Job) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
+    async fn submit(&self, job: Job) -> Result<()> {
+        match self.submit_here(job) {
+            Ok(()) => Ok(()),
+            Err(job) => self.submit_queued(job).await,
+        }
+    }
+
+    /// Nobody polls the Store-owner now: hand `job` over and poll it on this task, so a call
+    /// that needs nothing else is answered here, without a hop to another task. `Err` gives the
+    /// job back when another task polls the owner (or the channel is full or closed).
+    fn submit_here(&self, job: Job) -> std::result::Result<(), Job> {
+        let Some(held) = self.owner.hold() else {
+            return Err(job);
+        };
+        let handed = self.jobs.try_send(job);
+        drop(held);
+        handed.map_err(|(TrySendError::Full(job) | TrySendError::Closed(job))| job)
+    }
+
+    /// Queue `job` for the owner (waiting while the channel is full); once this instance was
+    /// retired, at the successor.
+    fn submit_queued(&self, job: Job) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
         Box::pin(async move {
-            // Nobody polls the Store-owner now: hand the job over and poll it on this task, so
-            // a call that needs nothing else is answered here, without a hop to another task.
-            let job = match self.owner.hold() {
-                Some(held) => match self.jobs.try_send(job) {
-                    Ok(()) => {
-                        drop(held);
-                        return Ok(());
-                    }
-                    Err(TrySendError::Full(job) | TrySendError::Closed(job)) => job,
-                },
-                None => job,
-            };
             match self.jobs.send(job).await {
                 Ok(()) => Ok(()),
                 Err(mpsc::error::SendError(job)) => match self.shared.successor.get() {
@@ -283,13 +324,16 @@ impl AdapterInstance {
         let timed_out =
             move || Error::Timeout(format!("the adapter did not answer within {timeout:?}"));
         let (tx, rx) = oneshot::channel();
-        let ran_on = Arc::new(AtomicU32::new(0));
-        let job_ran_on = ran_on.clone();
         let job: Job = Box::new(move |accessor, exports| {
             let generation = accessor.with(|mut access| access.get().generation);
-            job_ran_on.store(generation, Ordering::Relaxed);
+            let mut reply = Reply {
+                tx: Some(tx),
+                generation,
+            };
             Box::pin(async move {
-                let mut tx = tx;
+                let Some(tx) = reply.tx.as_mut() else {
+                    return Ok(());
+                };
                 // The caller's clock is the call's wall clock: once it fired (or the caller
                 // went away) the receiver is gone, and this stops waiting for the guest.
                 let answer = tokio::select! {
@@ -299,7 +343,7 @@ impl AdapterInstance {
                 };
                 match answer {
                     Some(Ok(answer)) => {
-                        let _ = tx.send(answer);
+                        reply.send(Answer::Done(answer));
                         Ok(())
                     }
                     // The supervisor reports the trap to every call that was in flight.
@@ -316,8 +360,10 @@ impl AdapterInstance {
         match answer {
             Err(_) => Err(timed_out()),
             Ok(Err(e)) => Err(e),
-            Ok(Ok(Ok(answer))) => answer,
-            Ok(Ok(Err(_))) => self.stopped_in_flight(ran_on.load(Ordering::Relaxed)).await,
+            Ok(Ok(Ok(Answer::Done(answer)))) => answer,
+            Ok(Ok(Ok(Answer::Stopped(generation)))) => self.stopped_in_flight(generation).await,
+            // The job was dropped before any instance took it.
+            Ok(Ok(Err(_))) => self.stopped_in_flight(0).await,
         }
     }
 
