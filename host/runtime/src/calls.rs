@@ -1,13 +1,14 @@
-//! Typed calls into a running adapter, one per WIT export: each runs on the instance's
-//! Store-owner task, answers `unsupported` when the component lacks the capability, and turns
-//! returned streams into tokio channels of batches.
+//! Typed calls into a running adapter, one per WIT export: each runs inside the instance,
+//! answers `unsupported` when the component lacks the capability, and turns returned streams
+//! into tokio channels of batches (or, for `log.tail`, any [`BatchSink`]).
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use super::instance::AdapterInstance;
-use super::streams::Forward;
+use super::streams::{BatchSink, CHANNEL_BATCHES, Forward};
+use tokio_util::sync::PollSender;
 use wasmtime::component::{Accessor, Func, Lift, Lower, StreamReader, TypedFunc};
 
 use super::sandbox::Ctx;
@@ -131,6 +132,21 @@ impl AdapterInstance {
         topic: String,
         origin: types::Start,
     ) -> Result<(Vec<types::Position>, mpsc::Receiver<Vec<log::Entry>>)> {
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        let positions = self
+            .log_tail_into(topic, origin, PollSender::new(tx))
+            .await?;
+        Ok((positions, rx))
+    }
+
+    /// `log.tail` into `sink`: the reader's positions; each batch of entries goes into the
+    /// sink as the instance reads it from the guest's stream (no task in between).
+    pub async fn log_tail_into(
+        &self,
+        topic: String,
+        origin: types::Start,
+        sink: impl BatchSink<log::Entry>,
+    ) -> Result<Vec<types::Position>> {
         self.call(move |accessor, exports| {
             Box::pin(async move {
                 let Some(log) = &exports.log else {
@@ -138,7 +154,10 @@ impl AdapterInstance {
                 };
                 match log.call_tail(accessor, topic, origin).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok((positions, reader)) => Ok(Ok((positions, forward(accessor, reader)?))),
+                    Ok((positions, reader)) => {
+                        accessor.with(|mut access| reader.pipe(&mut access, Forward::to(sink)))?;
+                        Ok(Ok(positions))
+                    }
                 }
             })
         })

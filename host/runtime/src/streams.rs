@@ -1,7 +1,9 @@
 //! Streams across the component boundary, both ways, always moved in batches:
-//! [`Forward`] drains a guest-written stream into a tokio channel of batches, and
+//! [`Forward`] drains a guest-written stream into a tokio channel of batches (or any
+//! [`BatchSink`]), and
 //! [`BatchProducer`] feeds a guest-read stream from any host source polled for batches.
 
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -18,26 +20,56 @@ pub const MAX_BATCH: usize = 1024;
 /// How many batches may wait in a forwarding channel before the guest writer is held back.
 pub const CHANNEL_BATCHES: usize = 64;
 
-/// Reads a guest-written stream and sends each batch to a tokio channel. When the channel's
-/// receiver is gone the guest sees its reader dropped.
-pub struct Forward<T: Send + 'static> {
-    tx: PollSender<Vec<T>>,
+/// Where a [`Forward`] puts each batch it reads from a guest-written stream.
+pub trait BatchSink<T>: Send + Unpin + 'static {
+    /// Whether the sink takes one more batch now; `Ready(false)` once it never will (the guest
+    /// then sees its reader dropped).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<bool>;
+    /// Take `batch` (after `poll_ready` answered `Ready(true)`); false once it never will.
+    fn deliver(&mut self, batch: Vec<T>) -> bool;
+}
+
+/// A tokio channel of batches: ready while it has room, over once its receiver is gone.
+impl<T: Send + 'static> BatchSink<T> for PollSender<Vec<T>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        self.poll_reserve(cx).map(|reserved| reserved.is_ok())
+    }
+
+    fn deliver(&mut self, batch: Vec<T>) -> bool {
+        self.send_item(batch).is_ok()
+    }
+}
+
+/// Reads a guest-written stream and puts each batch into a [`BatchSink`] (by default a tokio
+/// channel). When the sink takes no more the guest sees its reader dropped.
+pub struct Forward<T, S = PollSender<Vec<T>>> {
+    sink: S,
+    items: PhantomData<fn() -> T>,
 }
 
 impl<T: Send + 'static> Forward<T> {
     /// A forwarder and the receiver of its batches.
     pub fn channel() -> (Self, mpsc::Receiver<Vec<T>>) {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-        (
-            Self {
-                tx: PollSender::new(tx),
-            },
-            rx,
-        )
+        (Self::to(PollSender::new(tx)), rx)
     }
 }
 
-impl<D, T: Send + Sync + wasmtime::component::Lift + 'static> StreamConsumer<D> for Forward<T> {
+impl<T, S> Forward<T, S> {
+    /// A forwarder into `sink`.
+    pub fn to(sink: S) -> Self {
+        Self {
+            sink,
+            items: PhantomData,
+        }
+    }
+}
+
+impl<D, T, S> StreamConsumer<D> for Forward<T, S>
+where
+    T: Send + Sync + wasmtime::component::Lift + 'static,
+    S: BatchSink<T>,
+{
     type Item = T;
 
     fn poll_consume(
@@ -47,11 +79,11 @@ impl<D, T: Send + Sync + wasmtime::component::Lift + 'static> StreamConsumer<D> 
         mut source: Source<'_, Self::Item>,
         finish: bool,
     ) -> Poll<wasmtime::Result<StreamResult>> {
-        match self.tx.poll_reserve(cx) {
-            Poll::Ready(Err(_)) => Poll::Ready(Ok(StreamResult::Dropped)),
+        match self.sink.poll_ready(cx) {
+            Poll::Ready(false) => Poll::Ready(Ok(StreamResult::Dropped)),
             Poll::Pending if finish => Poll::Ready(Ok(StreamResult::Cancelled)),
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(())) => {
+            Poll::Ready(true) => {
                 let wanted = source.remaining(&mut store).clamp(1, MAX_BATCH);
                 let mut batch = Vec::with_capacity(wanted);
                 source.read(&mut store, &mut batch)?;
@@ -59,9 +91,9 @@ impl<D, T: Send + Sync + wasmtime::component::Lift + 'static> StreamConsumer<D> 
                     // Nothing to move (a zero-length write): keep the permit for the next one.
                     return Poll::Ready(Ok(StreamResult::Completed));
                 }
-                match self.tx.send_item(batch) {
-                    Ok(()) => Poll::Ready(Ok(StreamResult::Completed)),
-                    Err(_) => Poll::Ready(Ok(StreamResult::Dropped)),
+                match self.sink.deliver(batch) {
+                    true => Poll::Ready(Ok(StreamResult::Completed)),
+                    false => Poll::Ready(Ok(StreamResult::Dropped)),
                 }
             }
         }

@@ -2,15 +2,17 @@
 //! reader, and re-established after the last entry seen when its stream ends.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::feeds::Feed;
 use super::{RETRY_PAUSE, TAIL_BUFFER};
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
+use crate::runtime::streams::BatchSink;
 use crate::slot::AdapterSlot;
 
 /// What a topic tail broadcasts to its local readers.
@@ -49,22 +51,28 @@ impl TopicTail {
         topic: String,
         feed: Arc<Feed>,
     ) -> Result<Arc<Self>> {
-        let (positions, rx) = feed
-            .adapter(&slot)?
-            .log_tail(topic.clone(), types::Start::Latest)
-            .await?;
         let (tx, _) = broadcast::channel(TAIL_BUFFER);
         let tail = Arc::new(TopicTail {
             feed,
             tx: Mutex::new(Some(tx)),
-            head: Mutex::new(Head {
-                next: positions.iter().map(|p| (p.partition, p.offset)).collect(),
-                last_id: None,
-            }),
+            head: Mutex::new(Head::default()),
             readers: Mutex::new(0),
             stop: CancellationToken::new(),
         });
-        tokio::spawn(tail.clone().pump(slot, topic, rx));
+        let (sink, ended) = TailSink::new(&tail, &topic);
+        let positions = tail
+            .feed
+            .adapter(&slot)?
+            .log_tail_into(topic.clone(), types::Start::Latest, sink)
+            .await?;
+        {
+            // Entries the stream delivered already moved the head past these.
+            let mut head = tail.head.lock().unwrap_or_else(|e| e.into_inner());
+            for p in &positions {
+                head.next.entry(p.partition).or_insert(p.offset);
+            }
+        }
+        tokio::spawn(tail.clone().watch(slot, topic, ended));
         Ok(tail)
     }
 
@@ -81,50 +89,49 @@ impl TopicTail {
         ReaderGuard { tail: self.clone() }
     }
 
-    /// Move the adapter's entries into the broadcast until no local reader is left.
-    async fn pump(
-        self: Arc<Self>,
-        slot: Arc<AdapterSlot>,
-        topic: String,
-        mut rx: mpsc::Receiver<Vec<wit::Entry>>,
-    ) {
-        loop {
-            let batch = tokio::select! {
-                _ = self.stop.cancelled() => break,
-                batch = rx.recv() => batch,
-            };
-            match batch {
-                Some(entries) => {
-                    let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    let Some(tx) = tx else { break };
-                    if entries.is_empty() {
-                        continue;
-                    }
-                    for entry in &entries {
-                        {
-                            let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
-                            let next = head
-                                .next
-                                .entry(entry.pos.partition)
-                                .or_insert(entry.pos.offset);
-                            if entry.pos.offset < *next {
-                                tracing::warn!(
-                                    topic,
-                                    offset = entry.pos.offset,
-                                    expected = *next,
-                                    "the adapter's tail repeated an entry (the readers drop it)"
-                                );
-                            }
-                            *next = (*next).max(entry.pos.offset + 1);
-                            head.last_id = Some(entry.id.clone());
-                        }
-                    }
-                    let _ = tx.send(TailEvent::Entries(entries.into()));
+    /// One batch of the adapter's tail: move the head past it and broadcast it. False once the
+    /// tail was stopped (the adapter's stream is then dropped).
+    fn deliver(&self, topic: &str, entries: Vec<wit::Entry>) -> bool {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(tx) = tx else { return false };
+        if self.stop.is_cancelled() {
+            return false;
+        }
+        {
+            let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
+            for entry in &entries {
+                let next = head
+                    .next
+                    .entry(entry.pos.partition)
+                    .or_insert(entry.pos.offset);
+                if entry.pos.offset < *next {
+                    tracing::warn!(
+                        topic,
+                        offset = entry.pos.offset,
+                        expected = *next,
+                        "the adapter's tail repeated an entry (the readers drop it)"
+                    );
                 }
-                None => match self.reestablish(&slot, &topic).await {
-                    Some(new_rx) => rx = new_rx,
-                    None => break,
-                },
+                *next = (*next).max(entry.pos.offset + 1);
+            }
+            if let Some(last) = entries.last() {
+                head.last_id = Some(last.id.clone());
+            }
+        }
+        let _ = tx.send(TailEvent::Entries(entries.into()));
+        true
+    }
+
+    /// Re-establish the adapter's tail each time its stream ends, until no local reader is left.
+    async fn watch(self: Arc<Self>, slot: Arc<AdapterSlot>, topic: String, mut ended: Ended) {
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => break,
+                _ = &mut ended => {}
+            }
+            match self.reestablish(&slot, &topic).await {
+                Some(next) => ended = next,
+                None => break,
             }
         }
         self.stop.cancel();
@@ -153,11 +160,7 @@ impl TopicTail {
     }
 
     /// A new adapter `tail` after the last entry seen (or from now when that is gone).
-    async fn reestablish(
-        &self,
-        slot: &AdapterSlot,
-        topic: &str,
-    ) -> Option<mpsc::Receiver<Vec<wit::Entry>>> {
+    async fn reestablish(self: &Arc<Self>, slot: &AdapterSlot, topic: &str) -> Option<Ended> {
         let mut from_latest = false;
         loop {
             if self.stop.is_cancelled() || self.feed.next.get().is_some() {
@@ -176,10 +179,11 @@ impl TopicTail {
             let Ok(adapter) = self.feed.adapter(slot) else {
                 return None;
             };
-            match adapter.log_tail(topic.to_string(), origin).await {
-                Ok((positions, rx)) => {
+            let (sink, ended) = TailSink::new(self, topic);
+            match adapter.log_tail_into(topic.to_string(), origin, sink).await {
+                Ok(positions) => {
                     self.note_gap(&positions);
-                    return Some(rx);
+                    return Some(ended);
                 }
                 Err(Error::Gone(_)) => from_latest = true,
                 Err(Error::Closed(_)) => return None,
@@ -188,6 +192,44 @@ impl TopicTail {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
+        }
+    }
+}
+
+/// Resolves when the adapter's tail stream behind a [`TailSink`] ended (the sink was dropped).
+type Ended = oneshot::Receiver<()>;
+
+/// Where the adapter's tail stream lands, inside the instance: each batch moves the head and
+/// goes to the readers' broadcast at once, with no task between the stream and the readers.
+/// Dropped (the stream ended, or the call that started it failed), it tells the tail's task.
+struct TailSink {
+    tail: Weak<TopicTail>,
+    topic: String,
+    _ended: oneshot::Sender<()>,
+}
+
+impl TailSink {
+    fn new(tail: &Arc<TopicTail>, topic: &str) -> (Self, Ended) {
+        let (ended, rx) = oneshot::channel();
+        let sink = Self {
+            tail: Arc::downgrade(tail),
+            topic: topic.to_owned(),
+            _ended: ended,
+        };
+        (sink, rx)
+    }
+}
+
+impl BatchSink<wit::Entry> for TailSink {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<bool> {
+        // The broadcast never waits: a reader that falls behind fills the gap from pages.
+        Poll::Ready(self.tail.strong_count() > 0)
+    }
+
+    fn deliver(&mut self, batch: Vec<wit::Entry>) -> bool {
+        match self.tail.upgrade() {
+            Some(tail) => tail.deliver(&self.topic, batch),
+            None => false,
         }
     }
 }
