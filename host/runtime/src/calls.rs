@@ -21,9 +21,18 @@ fn forward<T: Send + Sync + wasmtime::component::Lift + 'static>(
     accessor: &Accessor<Ctx>,
     reader: StreamReader<T>,
 ) -> wasmtime::Result<mpsc::Receiver<Vec<T>>> {
-    let (forward, rx) = Forward::channel();
-    accessor.with(|mut access| reader.pipe(&mut access, forward))?;
+    let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+    forward_into(accessor, reader, PollSender::new(tx))?;
     Ok(rx)
+}
+
+/// Drain a guest-written stream into `sink` (read inside the instance).
+fn forward_into<T: Send + Sync + wasmtime::component::Lift + 'static>(
+    accessor: &Accessor<Ctx>,
+    reader: StreamReader<T>,
+    sink: impl BatchSink<T>,
+) -> wasmtime::Result<()> {
+    accessor.with(|mut access| reader.pipe(&mut access, Forward::to(sink)))
 }
 
 fn missing(capability: &str) -> Error {
@@ -155,7 +164,7 @@ impl AdapterInstance {
                 match log.call_tail(accessor, topic, origin).await? {
                     Err(e) => Ok(Err(e.into())),
                     Ok((positions, reader)) => {
-                        accessor.with(|mut access| reader.pipe(&mut access, Forward::to(sink)))?;
+                        forward_into(accessor, reader, sink)?;
                         Ok(Ok(positions))
                     }
                 }

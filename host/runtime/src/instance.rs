@@ -1,8 +1,9 @@
 //! A running adapter: a handle ([`AdapterInstance`]) to the Store-owner that serves its
 //! instances (see `supervise`), and calls into it. The owner's future has a task of its own,
-//! and a caller that finds nobody polling it polls it itself (see `drive`). Every call has a wall clock that fires on the
-//! caller's side, so it answers `timeout` even while the guest holds the instance; a call that
-//! was in flight when its instance trapped answers with that trap's report.
+//! and a caller that finds nobody polling it polls it itself (see `drive`). Every call has a
+//! wall clock that fires on the caller's side, so it answers `timeout` even while the guest
+//! holds the instance; a call that was in flight when its instance trapped answers with that
+//! trap's report.
 
 use std::future::Future;
 use std::pin::Pin;

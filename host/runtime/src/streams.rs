@@ -1,7 +1,6 @@
 //! Streams across the component boundary, both ways, always moved in batches:
 //! [`Forward`] drains a guest-written stream into a tokio channel of batches (or any
-//! [`BatchSink`]), and
-//! [`BatchProducer`] feeds a guest-read stream from any host source polled for batches.
+//! [`BatchSink`]), and [`BatchProducer`] feeds a guest-read stream from any host source polled for batches.
 
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -45,14 +44,6 @@ impl<T: Send + 'static> BatchSink<T> for PollSender<Vec<T>> {
 pub struct Forward<T, S = PollSender<Vec<T>>> {
     sink: S,
     items: PhantomData<fn() -> T>,
-}
-
-impl<T: Send + 'static> Forward<T> {
-    /// A forwarder and the receiver of its batches.
-    pub fn channel() -> (Self, mpsc::Receiver<Vec<T>>) {
-        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-        (Self::to(PollSender::new(tx)), rx)
-    }
 }
 
 impl<T, S> Forward<T, S> {
