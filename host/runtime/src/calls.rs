@@ -1,6 +1,6 @@
 //! Typed calls into a running adapter, one per WIT export: each runs inside the instance,
 //! answers `unsupported` when the component lacks the capability, and turns returned streams
-//! into tokio channels of batches (or, for `log.tail`, any [`BatchSink`]).
+//! into tokio channels of batches (or, for `log.tail` and `direct.listen`, any [`BatchSink`]).
 
 use std::sync::Arc;
 
@@ -370,6 +370,21 @@ impl AdapterInstance {
         address: String,
         group: Option<String>,
     ) -> Result<(direct::ListenerId, mpsc::Receiver<Vec<direct::Packet>>)> {
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        let id = self
+            .direct_listen_into(address, group, PollSender::new(tx))
+            .await?;
+        Ok((id, rx))
+    }
+
+    /// `direct.listen` into `sink`: the listener id; each batch of packets goes into the sink
+    /// as the instance reads it from the guest's stream (no task in between).
+    pub async fn direct_listen_into(
+        &self,
+        address: String,
+        group: Option<String>,
+        sink: impl BatchSink<direct::Packet>,
+    ) -> Result<direct::ListenerId> {
         self.call(move |accessor, exports| {
             Box::pin(async move {
                 let Some(direct) = &exports.direct else {
@@ -377,7 +392,10 @@ impl AdapterInstance {
                 };
                 match direct.call_listen(accessor, address, group).await? {
                     Err(e) => Ok(Err(e.into())),
-                    Ok((id, reader)) => Ok(Ok((id, forward(accessor, reader)?))),
+                    Ok((id, reader)) => {
+                        forward_into(accessor, reader, sink)?;
+                        Ok(Ok(id))
+                    }
                 }
             })
         })

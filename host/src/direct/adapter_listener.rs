@@ -1,16 +1,18 @@
 //! Adapter listeners that survive a trap: one `listen` of the adapter ([`Session`]), kept
 //! listening across instance replacements and switched to another adapter in a swap.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, PollSender};
 
+use super::sink::{PacketSink, Taker};
 use super::{MAX_RELISTEN_PAUSE, RELISTEN_PAUSE};
 use crate::bindings::direct as wit;
 use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
+use crate::runtime::streams::CHANNEL_BATCHES;
 use crate::slot::AdapterSlot;
 
 /// How long a moved listener waits for the old adapter's last packets.
@@ -31,15 +33,23 @@ pub(super) struct AdapterListener {
     pub(super) group: Option<String>,
     /// The live adapter listener: (generation, id); `None` while re-listening or once ended.
     current: Mutex<Option<(u32, wit::ListenerId)>>,
+    /// Offered every packet where the instance reads it, before the session's queue.
+    taker: Weak<dyn Taker>,
 }
 
 impl AdapterListener {
-    pub(super) fn new(slot: Arc<AdapterSlot>, address: &str, group: Option<String>) -> Self {
+    pub(super) fn new(
+        slot: Arc<AdapterSlot>,
+        address: &str,
+        group: Option<String>,
+        taker: Weak<dyn Taker>,
+    ) -> Self {
         Self {
             slot,
             address: address.to_string(),
             group,
             current: Mutex::new(None),
+            taker,
         }
     }
 
@@ -53,8 +63,9 @@ impl AdapterListener {
             .slot
             .retry_trapped(|adapter| {
                 let (address, group) = (self.address.clone(), self.group.clone());
+                let taker = self.taker.clone();
                 async move {
-                    let (id, packets) = adapter.direct_listen(address, group).await?;
+                    let (id, packets) = listen_with(&adapter, address, group, taker).await?;
                     // Read after the call: a call queued while a trapped instance was being
                     // replaced runs on the new one, whose generation is published first.
                     let generation = adapter.generation();
@@ -113,9 +124,8 @@ impl AdapterListener {
     /// Listen on `adapter` (not through the slot: a migration moves listeners before the slot
     /// points at the new adapter).
     async fn listen_on(&self, adapter: AdapterInstance) -> Result<Session> {
-        let (id, packets) = adapter
-            .direct_listen(self.address.clone(), self.group.clone())
-            .await?;
+        let (address, group) = (self.address.clone(), self.group.clone());
+        let (id, packets) = listen_with(&adapter, address, group, self.taker.clone()).await?;
         let generation = adapter.generation();
         self.set_current(Some((generation, id)));
         Ok(Session {
@@ -216,4 +226,18 @@ impl AdapterListener {
             Err(_) => false,
         }
     }
+}
+
+/// `direct.listen` on `adapter`, its packets offered to `taker` first: the listener id and the
+/// session's queue of what the taker left.
+async fn listen_with(
+    adapter: &AdapterInstance,
+    address: String,
+    group: Option<String>,
+    taker: Weak<dyn Taker>,
+) -> Result<(wit::ListenerId, mpsc::Receiver<Vec<wit::Packet>>)> {
+    let (tx, packets) = mpsc::channel(CHANNEL_BATCHES);
+    let sink = PacketSink::new(PollSender::new(tx), taker);
+    let id = adapter.direct_listen_into(address, group, sink).await?;
+    Ok((id, packets))
 }

@@ -2,14 +2,16 @@
 //! that makes it and moves every live listener to another adapter.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{OnceCell, mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, PollSender};
 
 use super::Packet;
 use super::adapter_listener::{AdapterListener, Session};
 use super::listener::ListenerShared;
+use super::sink::{Taker, queue_rest};
+use crate::bindings::direct as wit;
 use crate::error::Result;
 use crate::handover::{Handover, Migration, NothingMore, Step};
 use crate::runtime::AdapterInstance;
@@ -34,8 +36,8 @@ impl ReplyInbox {
             .retry_trapped(|adapter| async move { adapter.direct_inbox().await })
             .await?;
         let (switch_tx, switches) = mpsc::channel(4);
-        let inbox = Arc::new(ReplyInbox {
-            listener: AdapterListener::new(slot, &address, None),
+        let inbox = Arc::new_cyclic(|me: &Weak<ReplyInbox>| ReplyInbox {
+            listener: AdapterListener::new(slot, &address, None, me.clone()),
             pending: Mutex::new(HashMap::new()),
             stopping: CancellationToken::new(),
             switch_tx,
@@ -50,7 +52,8 @@ impl ReplyInbox {
         &self.listener.address
     }
 
-    /// Hand every reply to the request waiting for it.
+    /// Follow the inbox's adapter listener across switches and re-listens until stopped (each
+    /// reply goes to its request where the instance reads it: see the [`Taker`] impl).
     async fn route(self: Arc<Self>, mut session: Session, mut switches: mpsc::Receiver<Switch>) {
         loop {
             let batch = tokio::select! {
@@ -66,6 +69,8 @@ impl ReplyInbox {
                 batch = session.packets.recv() => batch,
             };
             match batch {
+                // The taker delivers every reply while this runs (it holds the inbox), so
+                // nothing is queued; handled alike should that change.
                 Some(packets) => packets.into_iter().for_each(|p| self.deliver(p.into())),
                 None => match self.listener.relisten(session, &self.stopping).await {
                     Some(new) => session = new,
@@ -96,6 +101,18 @@ impl ReplyInbox {
     }
 }
 
+/// Every reply goes to the request waiting for it as the instance reads it.
+impl Taker for ReplyInbox {
+    fn take(
+        self: Arc<Self>,
+        batch: Vec<wit::Packet>,
+        queue: &mut PollSender<Vec<wit::Packet>>,
+    ) -> bool {
+        batch.into_iter().for_each(|p| self.deliver(p.into()));
+        queue_rest(queue, Vec::new())
+    }
+}
+
 /// A request to move a listener to another adapter, answered once it listens there.
 pub(super) type Switch = (AdapterInstance, oneshot::Sender<()>);
 
@@ -118,7 +135,7 @@ impl Drop for PendingGuard<'_> {
 pub(crate) struct Inboxes {
     slot: Arc<AdapterSlot>,
     reply: OnceCell<Arc<ReplyInbox>>,
-    pub(super) listeners: Mutex<Vec<std::sync::Weak<ListenerShared>>>,
+    pub(super) listeners: Mutex<Vec<Weak<ListenerShared>>>,
 }
 
 impl Inboxes {

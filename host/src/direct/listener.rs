@@ -1,18 +1,20 @@
-//! A running listener's machinery: the runner that hands packets to handlers, and the
-//! overlap filter that drops what both adapter listeners of a move got.
+//! A running listener's machinery: the runner that hands queued packets to handlers, the
+//! [`Taker`] that starts handlers where the instance reads packets while nothing is queued,
+//! and the overlap filter that drops what both adapter listeners of a move got.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::{CancellationToken, PollSender};
 use tokio_util::task::TaskTracker;
 
 use super::adapter_listener::{AdapterListener, Session};
 use super::inboxes::Switch;
+use super::sink::{Taker, queue_rest};
 use super::{Handler, Incoming};
 use crate::bindings::direct as wit;
 
@@ -25,10 +27,46 @@ pub(super) struct ListenerShared {
     pub(super) slots: Arc<Semaphore>,
     /// Asks the runner to listen on the slot's current adapter; answered once it does.
     pub(super) switch_tx: mpsc::Sender<Switch>,
+    /// Whether the [`Taker`] starts handlers itself: only while the runner has nothing queued
+    /// and filters nothing, so packets still start in arrival order and the overlap filter
+    /// sees every packet of a move. Packets are queued under this lock.
+    pub(super) in_place: Mutex<bool>,
+}
+
+/// While in place, each packet starts its handler where the instance reads it if a slot is
+/// free; from the first that finds none, the rest of the batch and every later one go to the
+/// runner's queue until the runner has caught up.
+impl Taker for ListenerShared {
+    fn take(
+        self: Arc<Self>,
+        batch: Vec<wit::Packet>,
+        queue: &mut PollSender<Vec<wit::Packet>>,
+    ) -> bool {
+        let mut in_place = self.in_place.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taking = *in_place && !self.stopping.is_cancelled();
+        let mut rest = Vec::new();
+        for packet in batch {
+            if taking {
+                match self.slots.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        self.start(packet, permit);
+                        continue;
+                    }
+                    Err(_) => {
+                        taking = false;
+                        *in_place = false;
+                    }
+                }
+            }
+            rest.push(packet);
+        }
+        queue_rest(queue, rest)
+    }
 }
 
 impl ListenerShared {
-    /// Hand packets to handlers until stopped; listen again when the stream ends without a stop.
+    /// Hand queued packets to handlers until stopped; listen again when the stream ends
+    /// without a stop.
     pub(super) async fn run(
         self: Arc<Self>,
         mut session: Session,
@@ -36,10 +74,15 @@ impl ListenerShared {
     ) {
         let mut overlap: Option<Overlap> = None;
         'run: loop {
+            if overlap.as_ref().is_some_and(Overlap::over) {
+                overlap = None;
+            }
+            self.resume_in_place(&session, overlap.is_some());
             let batch = tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break,
                 Some((to, moved)) = switches.recv() => {
+                    self.pause_in_place();
                     let left;
                     (session, left) = self.listener.switch(session, to).await;
                     let _ = moved.send(());
@@ -70,23 +113,41 @@ impl ListenerShared {
                     permit = self.slots.clone().acquire_owned() => permit,
                 };
                 let Ok(permit) = permit else { break 'run };
-                let incoming = Incoming {
-                    packet: packet.into(),
-                    slot: self.listener.slot.clone(),
-                };
-                let shared = self.clone();
-                self.handlers.spawn(async move {
-                    shared.handle(incoming).await;
-                    drop(permit);
-                });
+                self.start(packet, permit);
             }
         }
         self.finish(Some(session)).await;
     }
 
+    /// Let the taker start handlers again if nothing waits in `session`'s queue and the
+    /// runner filters nothing (checked under the lock the taker queues under).
+    fn resume_in_place(&self, session: &Session, filtering: bool) {
+        let mut in_place = self.in_place.lock().unwrap_or_else(|e| e.into_inner());
+        *in_place = !filtering && session.packets.is_empty() && !self.stopping.is_cancelled();
+    }
+
+    /// From now on every packet goes to the runner's queue.
+    fn pause_in_place(&self) {
+        *self.in_place.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    }
+
+    /// Run the handler on `packet` in a task of its own, holding `permit` until it is done.
+    fn start(self: &Arc<Self>, packet: wit::Packet, permit: OwnedSemaphorePermit) {
+        let incoming = Incoming {
+            packet: packet.into(),
+            slot: self.listener.slot.clone(),
+        };
+        let shared = self.clone();
+        self.handlers.spawn(async move {
+            shared.handle(incoming).await;
+            drop(permit);
+        });
+    }
+
     /// Stop the adapter listener (the broker routes nothing more here), then wait for the
-    /// handlers in flight.
+    /// handlers in flight (the taker starts none after this begins).
     async fn finish(&self, session: Option<Session>) {
+        self.pause_in_place();
         match session {
             Some(session) => self.listener.stop(session).await,
             None => self.listener.set_current(None),
@@ -149,13 +210,18 @@ impl Overlap {
         })
     }
 
+    /// Whether its window has passed.
+    fn over(&self) -> bool {
+        tokio::time::Instant::now() >= self.until
+    }
+
     /// `batch` without the repeats of what `overlap` holds; `overlap` ends once it is used up
     /// or its window has passed.
     fn unrepeated(overlap: &mut Option<Self>, batch: Vec<wit::Packet>) -> Vec<wit::Packet> {
         let Some(watch) = overlap else {
             return batch;
         };
-        if tokio::time::Instant::now() >= watch.until {
+        if watch.over() {
             *overlap = None;
             return batch;
         }

@@ -16,10 +16,11 @@
 mod adapter_listener;
 mod inboxes;
 mod listener;
+mod sink;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -249,17 +250,22 @@ impl Direct {
         if options.concurrency == 0 {
             return Err(Error::BadRequest("concurrency must be at least 1".into()));
         }
-        let listener = AdapterListener::new(self.inner.slot.clone(), address, options.group);
-        let session = listener.listen().await?;
         let (switch_tx, switches) = mpsc::channel(4);
-        let shared = Arc::new(ListenerShared {
-            listener,
+        let shared = Arc::new_cyclic(|me: &Weak<ListenerShared>| ListenerShared {
+            listener: AdapterListener::new(
+                self.inner.slot.clone(),
+                address,
+                options.group,
+                me.clone(),
+            ),
             handler: Arc::new(move |incoming| Box::pin(handler(incoming))),
             stopping: CancellationToken::new(),
             handlers: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(options.concurrency)),
             switch_tx,
+            in_place: Mutex::new(true),
         });
+        let session = shared.listener.listen().await?;
         self.inner
             .live
             .listeners
