@@ -13,7 +13,7 @@
 
 use std::cell::UnsafeCell;
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
@@ -75,7 +75,7 @@ pub(crate) struct Owner {
     signal: Arc<Signal>,
     /// The waker every poll uses (wakes [`Signal`]).
     waker: Waker,
-    /// `None` once the future finished (or panicked).
+    /// `None` once the future finished (or panicked: logged, not passed on to the poller).
     future: UnsafeCell<Option<OwnerFuture>>,
 }
 
@@ -137,9 +137,15 @@ impl Owner {
             match polled {
                 Ok(Poll::Pending) => {}
                 Ok(Poll::Ready(())) => return self.finish(slot),
+                // A bug of the host's own (a component's trap is an error, not a panic): the
+                // owner ends as its own task would have, and the caller that happened to poll
+                // it goes on (its call, like every waiting one, answers that the adapter closed).
                 Err(panic) => {
-                    self.finish(slot);
-                    resume_unwind(panic);
+                    tracing::error!(
+                        "the Store-owner panicked: {}; its instance is gone",
+                        panic_text(&*panic)
+                    );
+                    return self.finish(slot);
                 }
             }
             if self
@@ -163,6 +169,15 @@ impl Owner {
         self.signal.state.store(WOKEN, SeqCst);
         self.signal.wake_driver();
         true
+    }
+}
+
+/// What a panic said, when it said it with a string.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => text,
+        (_, Some(text)) => text,
+        _ => "(no message)",
     }
 }
 
@@ -251,6 +266,28 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(ended.load(SeqCst), 1);
         assert!(owner.hold().is_some(), "a finished future is not held");
+        assert_eq!(Arc::strong_count(&owner), 1, "the driver task ended");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_future_ends_without_panicking_the_caller_that_polled_it() {
+        let (tx, mut rx) = mpsc::channel::<Request>(16);
+        let owner = Owner::spawn(Box::pin(async move {
+            if let Some((n, _answer)) = rx.recv().await {
+                panic!("a host bug on {n}");
+            }
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (answer, waiting) = oneshot::channel();
+        // The held poll runs the future into its panic here, on the caller's task.
+        submit(&owner, &tx, (7, answer)).await;
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert!(got.expect("answered").is_err(), "the call answers: gone");
+        assert!(
+            tx.send((8, oneshot::channel().0)).await.is_err(),
+            "the owner's end is gone"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(Arc::strong_count(&owner), 1, "the driver task ended");
     }
 }
