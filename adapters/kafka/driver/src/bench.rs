@@ -251,19 +251,20 @@ impl Native {
         Ok(())
     }
 
-    /// The high watermark of partition 0 of `topic`.
+    /// The high watermark of partition 0 of `topic`, asked as the driver asks (again while the
+    /// partition's leader is not known yet: the topic may have been created a moment ago).
     async fn high(&self, topic: &str) -> anyhow::Result<i64> {
         let (producer, topic) = (self.producer.clone(), topic.to_string());
-        let (_, high) = blocking(move || {
+        let marks = blocking(move || {
             use rdkafka::producer::Producer as _;
-            producer
-                .client()
-                .fetch_watermarks(&topic, 0, crate::client::CALL_TIMEOUT)
-                .map_err(crate::convert::error)
+            client::watermarks_waiting(producer.client(), &topic).map_err(crate::convert::error)
         })
         .await
         .map_err(|e| anyhow::anyhow!("watermarks: {e:?}"))?;
-        Ok(high)
+        let first = marks
+            .first()
+            .context("watermarks: the topic has no partition")?;
+        i64::try_from(first.high).context("watermarks: the high watermark is out of range")
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {

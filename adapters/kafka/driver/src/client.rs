@@ -248,16 +248,8 @@ impl KafkaDriver {
     ) -> Result<Vec<wit::Marks>, wit::KafkaError> {
         let driver = self.clone();
         blocking(move || {
-            let client = driver.shared.producer.client();
-            let deadline = Instant::now() + CALL_TIMEOUT;
-            loop {
-                match watermarks_once(client, &topic) {
-                    Err(e) if convert::leader_unknown(&e) && Instant::now() < deadline => {
-                        std::thread::sleep(LEADER_WAIT);
-                    }
-                    answer => return answer.map_err(|e| convert::error(e).with_topic(&topic)),
-                }
-            }
+            watermarks_waiting(driver.shared.producer.client(), &topic)
+                .map_err(|e| convert::error(e).with_topic(&topic))
         })
         .await
     }
@@ -354,6 +346,24 @@ impl wit::KafkaError {
             E::Refused(m) => E::Refused(format!("{topic}: {m}")),
             E::Stale(m) => E::Stale(format!("{topic}: {m}")),
             E::Other(m) => E::Other(format!("{topic}: {m}")),
+        }
+    }
+}
+
+/// Every partition's watermarks of `topic` (blocking), asked again every [`LEADER_WAIT`] while
+/// a partition's leader is not known yet, until [`CALL_TIMEOUT`] has passed. The native side of
+/// the bench asks through it too: a topic it created a moment ago is in the same state.
+pub(crate) fn watermarks_waiting<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+) -> Result<Vec<wit::Marks>, KafkaError> {
+    let deadline = Instant::now() + CALL_TIMEOUT;
+    loop {
+        match watermarks_once(client, topic) {
+            Err(e) if convert::leader_unknown(&e) && Instant::now() < deadline => {
+                std::thread::sleep(LEADER_WAIT);
+            }
+            answer => return answer,
         }
     }
 }

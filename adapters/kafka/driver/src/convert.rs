@@ -49,11 +49,17 @@ pub(crate) fn error(e: KafkaError) -> wit::KafkaError {
 }
 
 /// Whether `e` says only that a partition's leader is not known yet: a topic created a moment
-/// ago, or a leader being elected. Asking again shortly gets the answer.
+/// ago, or a leader being elected — from the broker, or from librdkafka's own metadata cache
+/// (`UnknownPartition`, "Local: Unknown partition", for a partition the topic's metadata listed
+/// but the cache has not taken in yet). Asking again shortly gets the answer.
 pub(crate) fn leader_unknown(e: &KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::LeaderNotAvailable | RDKafkaErrorCode::NotLeaderForPartition)
+        Some(
+            RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::UnknownPartition
+        )
     )
 }
 
