@@ -23,7 +23,9 @@ use wrpc_broker::runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
     fan_out_round, joined, timed, unique,
 };
-use wrpc_broker::runtime::floor::{concurrent_call, floor_call, owner_task_call};
+use wrpc_broker::runtime::floor::{
+    concurrent_call, floor_call, native_round_trip, owner_task_call, pending_import_call,
+};
 
 pub use extras::{Extras, load_table, swap_table};
 
@@ -155,6 +157,14 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         "calls",
         trivial_call(&setup),
         |_n| async { owner_task_call(setup.work.slice).await.map(Some) }
+    );
+    // The floor of a broker round trip: an import that goes pending until another task
+    // answers, in a bare Store, against the same exchange awaited natively.
+    measure!(
+        "floor: a pending import vs a native await",
+        "round trips",
+        pending_import_call(setup.work.slice),
+        |_n| async { native_round_trip(setup.work.slice).await.map(Some) }
     );
     measure!(
         exports.log,

@@ -11,6 +11,10 @@
 //! The host's trivial call is step 3's shape plus that bookkeeping, except that a caller that
 //! finds nobody polling the Store-owner's future polls it itself (`drive`): no hop to the
 //! owner's task, which step 3 keeps as the comparison.
+//!
+//! Beside them, the floor of a broker round trip: [`pending_import_call`], an export that awaits
+//! one import which goes pending until another task answers (as a broker connection's task
+//! answers a command), against [`native_round_trip`], the same exchange awaited natively.
 
 use std::time::{Duration, Instant};
 
@@ -69,15 +73,21 @@ pub fn floor_call(slice: Duration) -> anyhow::Result<Sample> {
     Ok(sample)
 }
 
-/// A Store of [`FLOOR_COMPONENT`] on an engine configured as the host's (component-model
-/// async, concurrency, epoch interruption with a deadline that never comes).
-async fn concurrent_store() -> anyhow::Result<(Store<()>, ParseId)> {
+/// An engine configuration as the host's: component-model async, concurrency, epoch
+/// interruption.
+fn host_config() -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.wasm_component_model_async(true);
     config.concurrency_support(true);
     config.epoch_interruption(true);
-    let engine = Engine::new(&config)?;
+    config
+}
+
+/// A Store of [`FLOOR_COMPONENT`] on an engine configured as the host's (component-model
+/// async, concurrency, epoch interruption with a deadline that never comes).
+async fn concurrent_store() -> anyhow::Result<(Store<()>, ParseId)> {
+    let engine = Engine::new(&host_config())?;
     let component = Component::new(&engine, FLOOR_COMPONENT)?;
     let mut store = Store::new(&engine, ());
     store.set_epoch_deadline(1 << 62);
@@ -145,4 +155,162 @@ pub async fn owner_task_call(slice: Duration) -> anyhow::Result<Sample> {
     drop(calls);
     owner.await??;
     Ok(sample)
+}
+
+/// The smallest component whose export awaits an import that may go pending, in the
+/// callback ABI wit-bindgen's async exports use: `round-trip: async func(x: u32) -> u32`
+/// calls `wait: async func(x: u32) -> u32` (lowered async, its result at address 16) and, once
+/// the subtask has returned, hands on what it got; `waits: func() -> u32` counts the calls whose
+/// import went pending. One call at a time (one result slot).
+const PENDING_COMPONENT: &str = r#"
+(component
+  (import "wait" (func $wait async (param "x" u32) (result u32)))
+  (core module $Memory (memory (export "mem") 1))
+  (core instance $memory (instantiate $Memory))
+  (alias core export $memory "mem" (core memory $mem))
+  (core module $M
+    (import "" "mem" (memory 1))
+    (import "" "task.return" (func $task.return (param i32)))
+    (import "" "waitable.join" (func $waitable.join (param i32 i32)))
+    (import "" "waitable-set.new" (func $waitable-set.new (result i32)))
+    (import "" "subtask.drop" (func $subtask.drop (param i32)))
+    (import "" "wait" (func $wait (param i32 i32) (result i32)))
+    (global $set (mut i32) (i32.const 0))
+    (global $waits (mut i32) (i32.const 0))
+    (func (export "waits") (result i32) (global.get $waits))
+    (func (export "round-trip") (param $x i32) (result i32)
+      (local $status i32)
+      (local.set $status (call $wait (local.get $x) (i32.const 16)))
+      (if (i32.eq (i32.and (local.get $status) (i32.const 0xf)) (i32.const 2 (; RETURNED ;)))
+        (then
+          (call $task.return (i32.load (i32.const 16)))
+          (return (i32.const 0 (; EXIT ;)))))
+      (global.set $waits (i32.add (global.get $waits) (i32.const 1)))
+      (if (i32.eqz (global.get $set))
+        (then (global.set $set (call $waitable-set.new))))
+      (call $waitable.join (i32.shr_u (local.get $status) (i32.const 4)) (global.get $set))
+      (i32.or (i32.const 2 (; WAIT ;)) (i32.shl (global.get $set) (i32.const 4))))
+    (func (export "callback") (param $event i32) (param $subtask i32) (param $state i32) (result i32)
+      (if (i32.ne (local.get $event) (i32.const 1 (; SUBTASK ;))) (then unreachable))
+      (if (i32.ne (local.get $state) (i32.const 2 (; RETURNED ;)))
+        (then (return (i32.or (i32.const 2 (; WAIT ;)) (i32.shl (global.get $set) (i32.const 4))))))
+      (call $subtask.drop (local.get $subtask))
+      (call $task.return (i32.load (i32.const 16)))
+      (i32.const 0 (; EXIT ;))))
+  (core func $task.return (canon task.return (result u32)))
+  (core func $waitable.join (canon waitable.join))
+  (core func $waitable-set.new (canon waitable-set.new))
+  (core func $subtask.drop (canon subtask.drop))
+  (core func $wait' (canon lower (func $wait) async (memory $mem)))
+  (core instance $i (instantiate $M (with "" (instance
+    (export "mem" (memory $mem))
+    (export "task.return" (func $task.return))
+    (export "waitable.join" (func $waitable.join))
+    (export "waitable-set.new" (func $waitable-set.new))
+    (export "subtask.drop" (func $subtask.drop))
+    (export "wait" (func $wait'))))))
+  (func (export "round-trip") async (param "x" u32) (result u32)
+    (canon lift (core func $i "round-trip") async (callback (core func $i "callback"))))
+  (func (export "waits") (result u32) (canon lift (core func $i "waits"))))
+"#;
+
+/// The other end of a round trip: a task that answers each question at once, as a broker
+/// connection's task hands a reply to whoever waits on it (here without I/O).
+#[derive(Clone)]
+struct Peer(mpsc::UnboundedSender<(u32, oneshot::Sender<u32>)>);
+
+impl Peer {
+    /// Start the answering task; it ends when every `Peer` is dropped.
+    fn spawn() -> Self {
+        let (questions, mut rx) = mpsc::unbounded_channel::<(u32, oneshot::Sender<u32>)>();
+        tokio::spawn(async move {
+            while let Some((x, answer)) = rx.recv().await {
+                let _ = answer.send(x + 1);
+            }
+        });
+        Self(questions)
+    }
+
+    /// Ask `x` and wait for the answer (`x + 1`).
+    async fn ask(&self, x: u32) -> anyhow::Result<u32> {
+        let (answer, rx) = oneshot::channel();
+        self.0
+            .send((x, answer))
+            .map_err(|_| anyhow::anyhow!("the peer task ended"))?;
+        Ok(rx.await?)
+    }
+}
+
+/// One round trip to another task through [`PENDING_COMPONENT`]: its export called through
+/// `call_concurrent` on the calling task (a bare Store, the engine configured as the host's),
+/// its `wait` import a host function that goes pending until the [`Peer`] answers. Repeated for
+/// `slice`.
+pub async fn pending_import_call(slice: Duration) -> anyhow::Result<Sample> {
+    Ok(pending_round_trips(slice).await?.0)
+}
+
+/// [`pending_import_call`], with how many of its calls found the import pending.
+async fn pending_round_trips(slice: Duration) -> anyhow::Result<(Sample, u32)> {
+    let engine = Engine::new(&host_config())?;
+    let component = Component::new(&engine, PENDING_COMPONENT)?;
+    let peer = Peer::spawn();
+    let mut linker = Linker::<()>::new(&engine);
+    linker
+        .root()
+        .func_wrap_concurrent("wait", move |_accessor, (x,): (u32,)| {
+            let peer = peer.clone();
+            Box::pin(async move {
+                let answer = peer.ask(x).await;
+                Ok((answer.map_err(|e| wasmtime::Error::msg(e.to_string()))?,))
+            })
+        })?;
+    let mut store = Store::new(&engine, ());
+    store.set_epoch_deadline(1 << 62);
+    let instance = linker.instantiate_async(&mut store, &component).await?;
+    let round_trip: TypedFunc<(u32,), (u32,)> =
+        instance.get_typed_func(&mut store, "round-trip")?;
+    let waits: TypedFunc<(), (u32,)> = instance.get_typed_func(&mut store, "waits")?;
+    let sample = store
+        .run_concurrent(async |accessor| {
+            timed(slice, || async {
+                let (answer,) = round_trip.call_concurrent(accessor, (41,)).await?;
+                anyhow::ensure!(answer == 42, "the round trip answered {answer}");
+                Ok(1)
+            })
+            .await
+        })
+        .await??;
+    let (waits,) = waits.call_async(&mut store, ()).await?;
+    Ok((sample, waits))
+}
+
+/// The native side of [`pending_import_call`]: the same question to the same kind of
+/// [`Peer`], awaited directly, for `slice`.
+pub async fn native_round_trip(slice: Duration) -> anyhow::Result<Sample> {
+    let peer = Peer::spawn();
+    timed(slice, || async {
+        let answer = peer.ask(41).await?;
+        anyhow::ensure!(answer == 42, "the round trip answered {answer}");
+        Ok(1)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every call of the pending floor finds its import pending (on one thread the peer task
+    /// cannot answer before the import's first poll) and answers the peer's `x + 1`
+    /// (`pending_round_trips` checks each answer).
+    #[tokio::test]
+    async fn every_pending_floor_call_waits_for_the_peer() {
+        let (sample, waits) = pending_round_trips(Duration::from_millis(50))
+            .await
+            .unwrap();
+        assert!(sample.ops > 0);
+        assert_eq!(u64::from(waits), sample.ops);
+        let native = native_round_trip(Duration::from_millis(50)).await.unwrap();
+        assert!(native.ops > 0);
+    }
 }
