@@ -1,7 +1,6 @@
 //! One broker reader per topic: [`TopicTail`], the live `tail` fanned out to every local
 //! reader, and re-established after the last entry seen when its stream ends.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -9,6 +8,7 @@ use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::feeds::Feed;
+use super::offsets::Offsets;
 use super::{RETRY_PAUSE, TAIL_BUFFER};
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
@@ -29,7 +29,7 @@ pub(super) enum TailEvent {
 /// The last position and id a topic tail has seen.
 #[derive(Debug, Default)]
 pub(super) struct Head {
-    pub(super) next: BTreeMap<u32, u64>,
+    pub(super) next: Offsets,
     pub(super) last_id: Option<String>,
 }
 
@@ -69,7 +69,7 @@ impl TopicTail {
             // Entries the stream delivered already moved the head past these.
             let mut head = tail.head.lock().unwrap_or_else(|e| e.into_inner());
             for p in &positions {
-                head.next.entry(p.partition).or_insert(p.offset);
+                head.next.get_or_insert(p.partition, p.offset);
             }
         }
         tokio::spawn(tail.clone().watch(slot, topic, ended));
@@ -102,8 +102,7 @@ impl TopicTail {
             for entry in &entries {
                 let next = head
                     .next
-                    .entry(entry.pos.partition)
-                    .or_insert(entry.pos.offset);
+                    .get_or_insert(entry.pos.partition, entry.pos.offset);
                 if entry.pos.offset < *next {
                     tracing::warn!(
                         topic,
@@ -129,7 +128,9 @@ impl TopicTail {
                 _ = self.stop.cancelled() => break,
                 _ = &mut ended => {}
             }
-            match self.reestablish(&slot, &topic).await {
+            // Boxed: re-establishing is rare, and its future (a whole adapter call) would
+            // otherwise sit inline in every idle tail's task.
+            match Box::pin(self.reestablish(&slot, &topic)).await {
                 Some(next) => ended = next,
                 None => break,
             }
@@ -146,7 +147,7 @@ impl TopicTail {
         {
             let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
             for p in positions {
-                let next = head.next.entry(p.partition).or_insert(p.offset);
+                let next = head.next.get_or_insert(p.partition, p.offset);
                 if p.offset > *next {
                     gap = true;
                     *next = p.offset;
