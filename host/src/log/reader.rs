@@ -1,7 +1,6 @@
 //! A live read: [`Reader`] and the task behind it, which joins `range` catch-up pages with
 //! the shared live tail by position.
 
-use super::offsets::Offsets;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -9,6 +8,7 @@ use futures::Stream;
 use tokio::sync::{broadcast, mpsc};
 
 use super::feeds::{FeedGuard, Logs};
+use super::offsets::Offsets;
 use super::tail::{ReaderGuard, TailEvent};
 use super::{Entry, PAGE, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
 use crate::bindings::{log as wit, types};
