@@ -183,6 +183,15 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
+impl Drop for MemoryStore {
+    /// The log followers of a dropped store end (a waiting one holds its topic).
+    fn drop(&mut self) {
+        for topic in lock(&self.topics).values() {
+            topic.close();
+        }
+    }
+}
+
 impl MemoryStore {
     /// An empty store, ready to share between host instances.
     pub fn new() -> Arc<Self> {
