@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
-use wasmtime::component::{Component, Linker, TypedFunc};
-use wasmtime::{Config, Engine, Store};
+use wasmtime::component::{Component, Instance, Linker, TypedFunc};
+use wasmtime::{Engine, Store};
 
 use crate::bench::{Sample, timed};
 use crate::bindings::types::Error as WitError;
+use crate::loader::engine_config;
 
 /// The smallest component with the trivial export's signature (`parse-id: func(text: string) ->
 /// result<_, error>`): it lowers the string into its memory and answers `ok`.
@@ -73,27 +74,26 @@ pub fn floor_call(slice: Duration) -> anyhow::Result<Sample> {
     Ok(sample)
 }
 
-/// An engine configuration as the host's: component-model async, concurrency, epoch
-/// interruption.
-fn host_config() -> Config {
-    let mut config = Config::new();
-    config.wasm_component_model(true);
-    config.wasm_component_model_async(true);
-    config.concurrency_support(true);
-    config.epoch_interruption(true);
-    config
-}
-
-/// A Store of [`FLOOR_COMPONENT`] on an engine configured as the host's (component-model
-/// async, concurrency, epoch interruption with a deadline that never comes).
-async fn concurrent_store() -> anyhow::Result<(Store<()>, ParseId)> {
-    let engine = Engine::new(&host_config())?;
-    let component = Component::new(&engine, FLOOR_COMPONENT)?;
+/// An instance of the component in `wat` in a bare Store on an engine configured as the
+/// host's (`loader::engine_config`; an epoch deadline that never comes), its imports defined
+/// by `define`.
+async fn host_engine_instance(
+    wat: &str,
+    define: impl FnOnce(&mut Linker<()>) -> wasmtime::Result<()>,
+) -> anyhow::Result<(Store<()>, Instance)> {
+    let engine = Engine::new(&engine_config())?;
+    let component = Component::new(&engine, wat)?;
+    let mut linker = Linker::new(&engine);
+    define(&mut linker)?;
     let mut store = Store::new(&engine, ());
     store.set_epoch_deadline(1 << 62);
-    let instance = Linker::new(&engine)
-        .instantiate_async(&mut store, &component)
-        .await?;
+    let instance = linker.instantiate_async(&mut store, &component).await?;
+    Ok((store, instance))
+}
+
+/// A Store of [`FLOOR_COMPONENT`] on an engine configured as the host's.
+async fn concurrent_store() -> anyhow::Result<(Store<()>, ParseId)> {
+    let (mut store, instance) = host_engine_instance(FLOOR_COMPONENT, |_| Ok(())).await?;
     let parse_id: ParseId = instance.get_typed_func(&mut store, "parse-id")?;
     Ok((store, parse_id))
 }
@@ -251,22 +251,19 @@ pub async fn pending_import_call(slice: Duration) -> anyhow::Result<Sample> {
 
 /// [`pending_import_call`], with how many of its calls found the import pending.
 async fn pending_round_trips(slice: Duration) -> anyhow::Result<(Sample, u32)> {
-    let engine = Engine::new(&host_config())?;
-    let component = Component::new(&engine, PENDING_COMPONENT)?;
     let peer = Peer::spawn();
-    let mut linker = Linker::<()>::new(&engine);
-    linker
-        .root()
-        .func_wrap_concurrent("wait", move |_accessor, (x,): (u32,)| {
-            let peer = peer.clone();
-            Box::pin(async move {
-                let answer = peer.ask(x).await;
-                Ok((answer.map_err(|e| wasmtime::Error::msg(e.to_string()))?,))
+    let (mut store, instance) = host_engine_instance(PENDING_COMPONENT, |linker| {
+        linker
+            .root()
+            .func_wrap_concurrent("wait", move |_accessor, (x,): (u32,)| {
+                let peer = peer.clone();
+                Box::pin(async move {
+                    let answer = peer.ask(x).await;
+                    Ok((answer.map_err(|e| wasmtime::Error::msg(e.to_string()))?,))
+                })
             })
-        })?;
-    let mut store = Store::new(&engine, ());
-    store.set_epoch_deadline(1 << 62);
-    let instance = linker.instantiate_async(&mut store, &component).await?;
+    })
+    .await?;
     let round_trip: TypedFunc<(u32,), (u32,)> =
         instance.get_typed_func(&mut store, "round-trip")?;
     let waits: TypedFunc<(), (u32,)> = instance.get_typed_func(&mut store, "waits")?;

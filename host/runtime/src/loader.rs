@@ -43,15 +43,23 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// The engine configuration every adapter runs on: the component model with its async ABI and
+/// concurrent calls, and epoch interruption (the clock of the call budgets). The bench's floor
+/// rows build their bare engines from it too.
+pub(crate) fn engine_config() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.wasm_component_model_async(true);
+    config.concurrency_support(true);
+    config.epoch_interruption(true);
+    config
+}
+
 impl Runtime {
     /// A runtime caching compiled components in `cache_dir`.
     pub fn new(cache_dir: impl Into<std::path::PathBuf>) -> Result<Self> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        config.wasm_component_model_async(true);
-        config.concurrency_support(true);
-        config.epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| Error::Load(format!("engine: {e:#}")))?;
+        let engine =
+            Engine::new(&engine_config()).map_err(|e| Error::Load(format!("engine: {e:#}")))?;
         let cache = ComponentCache::open(cache_dir).map_err(|e| Error::Load(format!("{e:#}")))?;
         spawn_epoch_ticker(&engine);
         Ok(Self { engine, cache })
