@@ -106,7 +106,7 @@ pub(crate) struct EndedTails(Vec<Arc<TopicTail>>);
 impl EndedTails {
     /// Stop them: their readers finish the old feed from pages and move on.
     pub(crate) fn stop(self) {
-        self.0.iter().for_each(|t| t.stop.cancel());
+        self.0.iter().for_each(|t| t.stop());
     }
 }
 
@@ -182,7 +182,7 @@ impl Logs {
         if !Arc::ptr_eq(feed, &self.current_feed()) {
             return Ok(None);
         }
-        if let Some(tail) = tails.get(topic).filter(|t| !t.stop.is_cancelled()) {
+        if let Some(tail) = tails.get(topic).filter(|t| !t.is_stopped()) {
             let guard = tail.join();
             if let Some(subscription) = tail.subscribe() {
                 return Ok(Some((tail.clone(), guard, subscription)));

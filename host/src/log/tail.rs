@@ -1,11 +1,11 @@
 //! One broker reader per topic: [`TopicTail`], the live `tail` fanned out to every local
 //! reader, and re-established after the last entry seen when its stream ends.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
-use tokio::sync::{broadcast, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::broadcast;
 
 use super::feeds::Feed;
 use super::offsets::Offsets;
@@ -35,14 +35,30 @@ pub(super) struct Head {
 
 /// The one live `tail` of a topic in this host instance, fanned out to every local reader.
 /// If the adapter's stream ends (a trap, a cut connection) it is re-established after the last
-/// entry seen; readers see at worst a gap, which they fill from pages.
+/// entry seen; readers see at worst a gap, which they fill from pages. An idle tail has no task
+/// of its own: the end of its stream (its [`TailSink`] dropped) starts the re-establishing.
 pub(crate) struct TopicTail {
     /// The feed it follows: once a migration ended it, the tail is not re-established.
     feed: Arc<Feed>,
+    slot: Arc<AdapterSlot>,
+    topic: String,
     tx: Mutex<Option<broadcast::Sender<TailEvent>>>,
     pub(super) head: Mutex<Head>,
-    readers: Mutex<usize>,
-    pub(super) stop: CancellationToken,
+    readers: AtomicUsize,
+    stopped: AtomicBool,
+    stream: Mutex<Stream>,
+}
+
+/// Which adapter stream is the tail's current one, and where it stands.
+#[derive(Default)]
+struct Stream {
+    /// Counts the `tail` calls made; a sink carries the count of its call, so the end of an
+    /// older stream (or of a failed call's sink, dropped late) is told apart from the current.
+    generation: u64,
+    /// The current call returned its stream.
+    open: bool,
+    /// The current stream ended (its sink was dropped), maybe before its call returned.
+    ended: bool,
 }
 
 impl TopicTail {
@@ -54,16 +70,19 @@ impl TopicTail {
         let (tx, _) = broadcast::channel(TAIL_BUFFER);
         let tail = Arc::new(TopicTail {
             feed,
+            slot,
+            topic,
             tx: Mutex::new(Some(tx)),
             head: Mutex::new(Head::default()),
-            readers: Mutex::new(0),
-            stop: CancellationToken::new(),
+            readers: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+            stream: Mutex::new(Stream::default()),
         });
-        let (sink, ended) = TailSink::new(&tail, &topic);
+        let sink = tail.next_sink();
         let positions = tail
             .feed
-            .adapter(&slot)?
-            .log_tail_into(topic.clone(), types::Start::Latest, sink)
+            .adapter(&tail.slot)?
+            .log_tail_into(tail.topic.clone(), types::Start::Latest, sink)
             .await?;
         {
             // Entries the stream delivered already moved the head past these.
@@ -72,7 +91,9 @@ impl TopicTail {
                 head.next.get_or_insert(p.partition, p.offset);
             }
         }
-        tokio::spawn(tail.clone().watch(slot, topic, ended));
+        if !tail.opened() {
+            tail.clone().reopen();
+        }
         Ok(tail)
     }
 
@@ -85,16 +106,29 @@ impl TopicTail {
     }
 
     pub(super) fn join(self: &Arc<Self>) -> ReaderGuard {
-        *self.readers.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.readers.fetch_add(1, Ordering::AcqRel);
         ReaderGuard { tail: self.clone() }
+    }
+
+    /// Whether the tail was stopped (no reader left, or its feed ended): it is not
+    /// re-established, and readers that join start a new one.
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Stop the tail: its readers see the broadcast close (they join a new tail, or finish an
+    /// ended feed from pages), and the adapter's stream is dropped at its next batch.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     /// One batch of the adapter's tail: move the head past it and broadcast it. False once the
     /// tail was stopped (the adapter's stream is then dropped).
-    fn deliver(&self, topic: &str, entries: Vec<wit::Entry>) -> bool {
+    fn deliver(&self, entries: Vec<wit::Entry>) -> bool {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(tx) = tx else { return false };
-        if self.stop.is_cancelled() {
+        if self.is_stopped() {
             return false;
         }
         {
@@ -105,7 +139,7 @@ impl TopicTail {
                     .get_or_insert(entry.pos.partition, entry.pos.offset);
                 if entry.pos.offset < *next {
                     tracing::warn!(
-                        topic,
+                        topic = self.topic,
                         offset = entry.pos.offset,
                         expected = *next,
                         "the adapter's tail repeated an entry (the readers drop it)"
@@ -121,23 +155,57 @@ impl TopicTail {
         true
     }
 
-    /// Re-establish the adapter's tail each time its stream ends, until no local reader is left.
-    async fn watch(self: Arc<Self>, slot: Arc<AdapterSlot>, topic: String, mut ended: Ended) {
-        loop {
-            tokio::select! {
-                _ = self.stop.cancelled() => break,
-                _ = &mut ended => {}
+    /// The sink for a new `tail` call, which becomes the current stream.
+    fn next_sink(self: &Arc<Self>) -> TailSink {
+        let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        *stream = Stream {
+            generation: stream.generation + 1,
+            open: false,
+            ended: false,
+        };
+        TailSink {
+            tail: Arc::downgrade(self),
+            generation: stream.generation,
+        }
+    }
+
+    /// The current `tail` call returned its stream: true when it is open, false when it ended
+    /// meanwhile (it must be re-established).
+    fn opened(&self) -> bool {
+        let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        stream.open = !stream.ended;
+        stream.open
+    }
+
+    /// The stream behind the sink of `generation` ended: re-establish it if it was the current
+    /// open one and the tail still has readers. (A current one whose call has not returned yet
+    /// is left to that call's caller.)
+    fn stream_ended(self: Arc<Self>, generation: u64) {
+        {
+            let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+            if stream.generation != generation {
+                return;
             }
-            // Boxed: re-establishing is rare, and its future (a whole adapter call) would
-            // otherwise sit inline in every idle tail's task.
-            match Box::pin(self.reestablish(&slot, &topic)).await {
-                Some(next) => ended = next,
-                None => break,
+            stream.ended = true;
+            if !std::mem::take(&mut stream.open) || self.is_stopped() {
+                return;
             }
         }
-        self.stop.cancel();
-        // Readers still subscribed see the broadcast close and join a new tail.
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.reopen();
+    }
+
+    /// Re-establish the adapter's tail in a task of its own (the stream's end is rare); stop
+    /// the tail if that cannot be done.
+    fn reopen(self: Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // The host is shutting down.
+            return self.stop();
+        };
+        runtime.spawn(async move {
+            if !self.reestablish().await {
+                self.stop();
+            }
+        });
     }
 
     /// A re-established tail that starts past what the old one delivered (it started from
@@ -160,12 +228,14 @@ impl TopicTail {
         }
     }
 
-    /// A new adapter `tail` after the last entry seen (or from now when that is gone).
-    async fn reestablish(self: &Arc<Self>, slot: &AdapterSlot, topic: &str) -> Option<Ended> {
+    /// A new adapter `tail` after the last entry seen (or from now when that is gone): true
+    /// once one is open, false when the tail should stop (stopped, its feed ended, the log
+    /// closed).
+    async fn reestablish(self: &Arc<Self>) -> bool {
         let mut from_latest = false;
         loop {
-            if self.stop.is_cancelled() || self.feed.next.get().is_some() {
-                return None;
+            if self.is_stopped() || self.feed.next.get().is_some() {
+                return false;
             }
             let last_id = self
                 .head
@@ -177,19 +247,24 @@ impl TopicTail {
                 Some(id) if !from_latest => types::Start::After(id),
                 _ => types::Start::Latest,
             };
-            let Ok(adapter) = self.feed.adapter(slot) else {
-                return None;
+            let Ok(adapter) = self.feed.adapter(&self.slot) else {
+                return false;
             };
-            let (sink, ended) = TailSink::new(self, topic);
-            match adapter.log_tail_into(topic.to_string(), origin, sink).await {
+            let sink = self.next_sink();
+            match adapter
+                .log_tail_into(self.topic.clone(), origin, sink)
+                .await
+            {
                 Ok(positions) => {
                     self.note_gap(&positions);
-                    return Some(ended);
+                    if self.opened() {
+                        return true;
+                    }
                 }
                 Err(Error::Gone(_)) => from_latest = true,
-                Err(Error::Closed(_)) => return None,
+                Err(Error::Closed(_)) => return false,
                 Err(e) => {
-                    tracing::debug!(topic, "re-establishing the tail: {e}");
+                    tracing::debug!(topic = self.topic, "re-establishing the tail: {e}");
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
@@ -197,27 +272,20 @@ impl TopicTail {
     }
 }
 
-/// Resolves when the adapter's tail stream behind a [`TailSink`] ended (the sink was dropped).
-type Ended = oneshot::Receiver<()>;
-
 /// Where the adapter's tail stream lands, inside the instance: each batch moves the head and
 /// goes to the readers' broadcast at once, with no task between the stream and the readers.
-/// Dropped (the stream ended, or the call that started it failed), it tells the tail's task.
+/// Dropped (the stream ended, or the call that started it failed), it tells the tail.
 struct TailSink {
     tail: Weak<TopicTail>,
-    topic: String,
-    _ended: oneshot::Sender<()>,
+    /// The tail's stream generation this sink belongs to.
+    generation: u64,
 }
 
-impl TailSink {
-    fn new(tail: &Arc<TopicTail>, topic: &str) -> (Self, Ended) {
-        let (ended, rx) = oneshot::channel();
-        let sink = Self {
-            tail: Arc::downgrade(tail),
-            topic: topic.to_owned(),
-            _ended: ended,
-        };
-        (sink, rx)
+impl Drop for TailSink {
+    fn drop(&mut self) {
+        if let Some(tail) = self.tail.upgrade() {
+            tail.stream_ended(self.generation);
+        }
     }
 }
 
@@ -229,7 +297,7 @@ impl BatchSink<wit::Entry> for TailSink {
 
     fn deliver(&mut self, batch: Vec<wit::Entry>) -> bool {
         match self.tail.upgrade() {
-            Some(tail) => tail.deliver(&self.topic, batch),
+            Some(tail) => tail.deliver(batch),
             None => false,
         }
     }
@@ -242,10 +310,8 @@ pub(super) struct ReaderGuard {
 
 impl Drop for ReaderGuard {
     fn drop(&mut self) {
-        let mut readers = self.tail.readers.lock().unwrap_or_else(|e| e.into_inner());
-        *readers -= 1;
-        if *readers == 0 {
-            self.tail.stop.cancel();
+        if self.tail.readers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.tail.stop();
         }
     }
 }
