@@ -11,7 +11,6 @@ pub mod stats;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -20,7 +19,7 @@ use wrpc_broker::{AppendOptions, Broker, ConsumeOptions, ListenOptions, ProduceO
 use extras::{load_times, swap_pause};
 use stats::Row;
 use wrpc_broker::runtime::bench::{
-    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Tally, Workload,
     fan_out_round, joined, timed, unique,
 };
 use wrpc_broker::runtime::floor::{
@@ -339,13 +338,13 @@ async fn log_live(setup: &Setup) -> anyhow::Result<Sample> {
 async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample> {
     let queue = setup.a.queue()?;
     let name = unique("queue");
-    let handled = Arc::new(AtomicU64::new(0));
+    let handled = Arc::new(Tally::default());
     let counter = handled.clone();
     let consumer = queue
         .consume(
             &name,
             move |_d| {
-                counter.fetch_add(1, Ordering::Relaxed);
+                counter.add(1);
                 async { Ok(()) }
             },
             ConsumeOptions {
@@ -362,13 +361,13 @@ async fn queue_round_trip(setup: &Setup, prefetch: u32) -> anyhow::Result<Sample
             setup.work.payload.clone(),
         );
         async move {
-            let target = handled.load(Ordering::Relaxed) + QUEUE_BATCH;
+            let target = handled.get() + QUEUE_BATCH;
             let batch = (0..QUEUE_BATCH)
                 .map(|_| (payload.clone(), ProduceOptions::default()))
                 .collect();
             queue.produce_batch(&name, batch).await?;
-            while handled.load(Ordering::Relaxed) < target {
-                tokio::time::sleep(Duration::from_micros(200)).await;
+            if handled.reach(target, Duration::from_secs(30)).await < target {
+                anyhow::bail!("the consumer handled too few of a round's messages in 30 s");
             }
             Ok(QUEUE_BATCH)
         }
@@ -415,14 +414,14 @@ async fn request_reply(setup: &Setup) -> anyhow::Result<Sample> {
 async fn fan_out(setup: &Setup, subscribers: usize) -> anyhow::Result<Sample> {
     let backplane = setup.a.backplane()?;
     let channel = unique("room");
-    let received = Arc::new(AtomicU64::new(0));
+    let received = Arc::new(Tally::default());
     let mut tasks = Vec::new();
     for _ in 0..subscribers {
         let mut subscription = backplane.subscribe(&channel).await?;
         let received = received.clone();
         tasks.push(tokio::spawn(async move {
             while subscription.recv().await.is_some() {
-                received.fetch_add(1, Ordering::Relaxed);
+                received.add(1);
             }
         }));
     }

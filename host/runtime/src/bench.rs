@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast};
 
 /// The work of one half-round, the same on both sides.
 #[derive(Debug, Clone)]
@@ -175,16 +175,57 @@ pub async fn joined(
     Ok(sample)
 }
 
-/// Wait until `count` reaches `target`, or `patience` has passed (what a fan-out round waits for
-/// its deliveries), looking every 200 µs; the count then.
-pub async fn reach(count: &AtomicU64, target: u64, patience: Duration) -> u64 {
-    let waited = Instant::now();
-    loop {
-        let now = count.load(Ordering::Relaxed);
-        if now >= target || waited.elapsed() >= patience {
-            return now;
+/// A count of deliveries that a round waits on: the deliverer that brings it to the round's
+/// target wakes the round at once. (A round that looked every 200 µs slept in the timer's
+/// millisecond ticks, up to a millisecond per round that the row then measured.)
+#[derive(Debug)]
+pub struct Tally {
+    count: AtomicU64,
+    /// What the waiting round needs; `u64::MAX` while none waits.
+    target: AtomicU64,
+    reached: Notify,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            target: AtomicU64::new(u64::MAX),
+            reached: Notify::new(),
         }
-        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+impl Tally {
+    /// Count `n` more deliveries.
+    pub fn add(&self, n: u64) {
+        let now = self.count.fetch_add(n, Ordering::SeqCst) + n;
+        if now >= self.target.load(Ordering::SeqCst) {
+            self.reached.notify_one();
+        }
+    }
+
+    /// Deliveries so far.
+    pub fn get(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Wait until the count reaches `target`, or `patience` has passed; the count then.
+    pub async fn reach(&self, target: u64, patience: Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + patience;
+        self.target.store(target, Ordering::SeqCst);
+        loop {
+            let now = self.get();
+            // A permit left by an earlier round only makes this look again.
+            if now >= target
+                || tokio::time::timeout_at(deadline, self.reached.notified())
+                    .await
+                    .is_err()
+            {
+                self.target.store(u64::MAX, Ordering::SeqCst);
+                return self.get();
+            }
+        }
     }
 }
 
@@ -192,17 +233,17 @@ pub async fn reach(count: &AtomicU64, target: u64, patience: Duration) -> u64 {
 /// at most) for `received` to grow by one per payload and subscriber; the deliveries that came
 /// (what was lost, as at-most-once allows, is not counted).
 pub async fn fan_out_round<Fut>(
-    received: &AtomicU64,
+    received: &Tally,
     subscribers: usize,
     publish: Fut,
 ) -> anyhow::Result<u64>
 where
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let before = received.load(Ordering::Relaxed);
+    let before = received.get();
     publish.await?;
     let target = before + FAN_OUT_PAYLOADS * subscribers as u64;
-    Ok(reach(received, target, Duration::from_secs(10)).await - before)
+    Ok(received.reach(target, Duration::from_secs(10)).await - before)
 }
 
 /// Local fan-out as the host does it: what one broker subscription receives, handed to
@@ -210,7 +251,7 @@ where
 /// [`LocalFanOut::received`]. The native side of a many-subscriber backplane row.
 pub struct LocalFanOut<T> {
     sender: broadcast::Sender<T>,
-    received: Arc<AtomicU64>,
+    received: Arc<Tally>,
     receivers: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -218,16 +259,14 @@ impl<T: Clone + Send + 'static> LocalFanOut<T> {
     /// `subscribers` receivers, each with the host's buffer of 4096 payloads.
     pub fn new(subscribers: usize) -> Self {
         let (sender, _) = broadcast::channel(4096);
-        let received = Arc::new(AtomicU64::new(0));
+        let received = Arc::new(Tally::default());
         let receivers = (0..subscribers)
             .map(|_| {
                 let (mut rx, received) = (sender.subscribe(), received.clone());
                 tokio::spawn(async move {
                     loop {
                         match rx.recv().await {
-                            Ok(_) => {
-                                received.fetch_add(1, Ordering::Relaxed);
-                            }
+                            Ok(_) => received.add(1),
                             Err(broadcast::error::RecvError::Lagged(_)) => {}
                             Err(broadcast::error::RecvError::Closed) => break,
                         }
@@ -248,7 +287,7 @@ impl<T: Clone + Send + 'static> LocalFanOut<T> {
     }
 
     /// Deliveries so far, over all receivers.
-    pub fn received(&self) -> &Arc<AtomicU64> {
+    pub fn received(&self) -> &Arc<Tally> {
         &self.received
     }
 }
@@ -294,5 +333,38 @@ impl<T> Drop for LocalFanOut<T> {
         for receiver in &self.receivers {
             receiver.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_wakes_when_its_deliveries_come_and_gives_up_after_its_patience() {
+        let tally = Arc::new(Tally::default());
+        // Rounds patient for an hour: one that missed its wake-up would hang, and the minute
+        // runs out.
+        let rounds = async {
+            for round in 1..=200u64 {
+                let adder = tally.clone();
+                let deliveries = tokio::spawn(async move {
+                    for _ in 0..10 {
+                        adder.add(1);
+                        tokio::task::yield_now().await;
+                    }
+                });
+                let reached = tally.reach(round * 10, Duration::from_secs(3600)).await;
+                assert!(reached >= round * 10, "round {round} woke at {reached}");
+                deliveries.await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), rounds)
+            .await
+            .expect("a round missed its wake-up");
+        assert_eq!(tally.get(), 2000);
+        let waited = Instant::now();
+        assert_eq!(tally.reach(2001, Duration::from_millis(50)).await, 2000);
+        assert!(waited.elapsed() >= Duration::from_millis(50));
     }
 }

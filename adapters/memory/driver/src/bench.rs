@@ -2,14 +2,13 @@
 //! calls the memory adapter makes for each operation.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
 
 use wrpc_broker_runtime::bench::{
-    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload,
+    APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Tally, Workload,
     fan_out_round, joined, timed, unique,
 };
 
@@ -189,14 +188,14 @@ impl Native {
 
     pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
         let channel = unique("native-room");
-        let received = Arc::new(AtomicU64::new(0));
+        let received = Arc::new(Tally::default());
         let tasks: Vec<_> = (0..subscribers)
             .map(|_| {
                 let mut subscription = self.store.channel_subscribe(&channel);
                 let received = received.clone();
                 tokio::spawn(async move {
                     while let Some(batch) = subscription.next_batch(256).await {
-                        received.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                        received.add(batch.len() as u64);
                     }
                 })
             })
