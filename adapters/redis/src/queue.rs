@@ -55,13 +55,17 @@ end
 return acked
 "#;
 
-/// Acknowledge several entries at once, each as [`SETTLE`]'s `ack` does (`XACK`, then `XDEL`
-/// when it was pending). KEYS: queue stream. ARGV: the marker `wrpc-settle`, group, entry ids.
+/// Acknowledge several entries at once, as [`SETTLE`]'s `ack` does each: `XACK` them, then
+/// `XDEL` them — one call of each per thousand ids, not two per entry. Deleting the ones that
+/// were no longer pending too is the same: an entry leaves the group's pending list by a
+/// settlement, which deletes it in the same script, or by being deleted (`XAUTOCLAIM` drops
+/// deleted entries) — either way it is gone from the stream. KEYS:
+/// queue stream. ARGV: the marker `wrpc-settle`, group, entry ids.
 pub(crate) const ACK_ALL: &str = r#"
-for i = 3, #ARGV do
-  if redis.call('XACK', KEYS[1], ARGV[2], ARGV[i]) == 1 then
-    redis.call('XDEL', KEYS[1], ARGV[i])
-  end
+for i = 3, #ARGV, 1000 do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, i, last))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, i, last))
 end
 return 1
 "#;
