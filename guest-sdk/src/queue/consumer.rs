@@ -39,10 +39,10 @@ pub(super) trait Live {
 
 /// The mutable part of a consumer.
 struct Ledger<H> {
-    /// Unsettled deliveries by tag seq.
+    /// Unsettled deliveries by tag seq. A delivery leaves when its settlement arrives: from
+    /// then on it is acknowledged or handed back, never held again, so the pump may receive in
+    /// its place while the settlement is on its way to the broker.
     unsettled: BTreeMap<u64, Received<H>>,
-    /// Taken out of `unsettled` by a settle in progress; still counted against the prefetch.
-    settling: usize,
     /// False since a settlement failed, until one lands.
     settled_ok: bool,
     /// False since a receive failed, until one succeeds.
@@ -59,7 +59,8 @@ pub(super) struct Consumer<B: Broker> {
     stop: Latch,
     /// Set once the pump has ended and handed back what was unsettled.
     ended: Latch,
-    /// Fires when a delivery leaves the ledger, making room under the prefetch.
+    /// Fires when a delivery leaves the ledger (its settlement arrived), making room under the
+    /// prefetch.
     settled: Notify,
 }
 
@@ -72,7 +73,6 @@ impl<B: Broker> Consumer<B> {
             generation,
             ledger: RefCell::new(Ledger {
                 unsettled: BTreeMap::new(),
-                settling: 0,
                 settled_ok: true,
                 receiving_ok: true,
             }),
@@ -85,7 +85,7 @@ impl<B: Broker> Consumer<B> {
     /// How many more deliveries the prefetch allows.
     fn room(&self) -> u32 {
         let ledger = self.ledger.borrow();
-        let held = ledger.unsettled.len() + ledger.settling;
+        let held = ledger.unsettled.len();
         self.prefetch
             .saturating_sub(u32::try_from(held).unwrap_or(u32::MAX))
     }
@@ -233,19 +233,14 @@ impl<B: Broker> Consumer<B> {
                     tag.seq
                 ))
             })?;
-            ledger.settling += 1;
             held
         };
+        self.settled.notify();
         let answer = self.apply(&held, settlement).await;
         if answer.is_err() {
             self.broker.hand_back(&held).await;
         }
-        {
-            let mut ledger = self.ledger.borrow_mut();
-            ledger.settling -= 1;
-            ledger.settled_ok = answer.is_ok();
-        }
-        self.settled.notify();
+        self.ledger.borrow_mut().settled_ok = answer.is_ok();
         answer.map_err(|e| {
             let why = format!(
                 "settlement failed after {} tries ({e:?}); message handed back",
