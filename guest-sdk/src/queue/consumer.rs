@@ -227,13 +227,12 @@ impl<B: Broker> Consumer<B> {
             let held = ledger.unsettled.remove(&tag.seq);
             #[cfg(feature = "mutant-second-settlement-wins")]
             let held = ledger.unsettled.get(&tag.seq).cloned();
-            let held = held.ok_or_else(|| {
+            held.ok_or_else(|| {
                 Error::stale(format!(
                     "delivery {} was already settled or handed back",
                     tag.seq
                 ))
-            })?;
-            held
+            })?
         };
         self.settled.notify();
         let answer = self.apply(&held, settlement).await;
