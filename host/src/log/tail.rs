@@ -1,7 +1,7 @@
 //! One broker reader per topic: [`TopicTail`], the live `tail` fanned out to every local
 //! reader, and re-established after the last entry seen when its stream ends.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -42,10 +42,10 @@ pub(crate) struct TopicTail {
     feed: Arc<Feed>,
     slot: Arc<AdapterSlot>,
     topic: String,
+    /// The readers' broadcast; taken when the tail stops.
     tx: Mutex<Option<broadcast::Sender<TailEvent>>>,
     pub(super) head: Mutex<Head>,
     readers: AtomicUsize,
-    stopped: AtomicBool,
     stream: Mutex<Stream>,
 }
 
@@ -55,10 +55,19 @@ struct Stream {
     /// Counts the `tail` calls made; a sink carries the count of its call, so the end of an
     /// older stream (or of a failed call's sink, dropped late) is told apart from the current.
     generation: u64,
-    /// The current call returned its stream.
-    open: bool,
-    /// The current stream ended (its sink was dropped), maybe before its call returned.
-    ended: bool,
+    state: StreamState,
+}
+
+/// Where the current adapter stream stands.
+#[derive(Default, PartialEq)]
+enum StreamState {
+    /// Its `tail` call has not returned yet.
+    #[default]
+    Calling,
+    /// Its call returned it, and it has not ended.
+    Open,
+    /// It ended (its sink was dropped), maybe before its call returned.
+    Ended,
 }
 
 impl TopicTail {
@@ -75,7 +84,6 @@ impl TopicTail {
             tx: Mutex::new(Some(tx)),
             head: Mutex::new(Head::default()),
             readers: AtomicUsize::new(0),
-            stopped: AtomicBool::new(false),
             stream: Mutex::new(Stream::default()),
         });
         let sink = tail.next_sink();
@@ -113,13 +121,12 @@ impl TopicTail {
     /// Whether the tail was stopped (no reader left, or its feed ended): it is not
     /// re-established, and readers that join start a new one.
     pub(super) fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).is_none()
     }
 
     /// Stop the tail: its readers see the broadcast close (they join a new tail, or finish an
     /// ended feed from pages), and the adapter's stream is dropped at its next batch.
     pub(super) fn stop(&self) {
-        self.stopped.store(true, Ordering::Release);
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
@@ -128,9 +135,6 @@ impl TopicTail {
     fn deliver(&self, entries: Vec<wit::Entry>) -> bool {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(tx) = tx else { return false };
-        if self.is_stopped() {
-            return false;
-        }
         {
             let mut head = self.head.lock().unwrap_or_else(|e| e.into_inner());
             for entry in &entries {
@@ -160,8 +164,7 @@ impl TopicTail {
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
         *stream = Stream {
             generation: stream.generation + 1,
-            open: false,
-            ended: false,
+            state: StreamState::Calling,
         };
         TailSink {
             tail: Arc::downgrade(self),
@@ -173,8 +176,11 @@ impl TopicTail {
     /// meanwhile (it must be re-established).
     fn opened(&self) -> bool {
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
-        stream.open = !stream.ended;
-        stream.open
+        if stream.state == StreamState::Ended {
+            return false;
+        }
+        stream.state = StreamState::Open;
+        true
     }
 
     /// The stream behind the sink of `generation` ended: re-establish it if it was the current
@@ -186,8 +192,8 @@ impl TopicTail {
             if stream.generation != generation {
                 return;
             }
-            stream.ended = true;
-            if !std::mem::take(&mut stream.open) || self.is_stopped() {
+            let was = std::mem::replace(&mut stream.state, StreamState::Ended);
+            if was != StreamState::Open || self.is_stopped() {
                 return;
             }
         }
