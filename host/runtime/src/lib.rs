@@ -23,6 +23,7 @@ pub mod lent;
 pub mod limiter;
 pub mod loader;
 pub mod output;
+pub mod pages;
 pub mod sandbox;
 mod start;
 pub mod streams;

@@ -20,9 +20,10 @@ use tokio::sync::mpsc;
 
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
+use crate::runtime::pages::PageSize;
 use crate::slot::Held;
 use feeds::Feed;
-use reader::{Cursor, ReaderTask};
+use reader::{Cursor, ReaderTask, first_page_of};
 
 pub(crate) use feeds::Logs;
 pub use reader::Reader;
@@ -90,8 +91,6 @@ pub enum ReadFrom {
     Latest,
 }
 
-/// Entries per `range` page.
-const PAGE: u32 = 256;
 /// Appends carried by one adapter call at most.
 const MAX_APPEND_BATCH: usize = 256;
 /// Batches (of the adapter's tail stream, up to its batch size each) a topic tail buffers for
@@ -231,6 +230,7 @@ impl Log {
         };
         let mut cursor = Cursor::new(types::Start::Earliest);
         let mut first_page = None;
+        let mut page = PageSize::default();
         match from {
             ReadFrom::Latest => {
                 // An ended feed has no live tail and nothing more to come.
@@ -247,10 +247,7 @@ impl Log {
                 if let ReadFrom::After(id) = from {
                     cursor.origin = types::Start::After(id);
                 }
-                let page = adapter
-                    .log_range(topic.to_string(), cursor.origin.clone(), PAGE)
-                    .await?;
-                first_page = Some(page);
+                first_page = Some(first_page_of(&adapter, topic, &cursor.origin, &mut page).await?);
             }
         }
         let position = match &first_page {
@@ -276,6 +273,7 @@ impl Log {
             guard,
             subscription,
             cursor,
+            page,
             out,
             pending: Vec::new(),
         });

@@ -10,9 +10,11 @@ use tokio::sync::{broadcast, mpsc};
 use super::feeds::{FeedGuard, Logs};
 use super::offsets::Offsets;
 use super::tail::{ReaderGuard, TailEvent};
-use super::{Entry, PAGE, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
+use super::{Entry, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
+use crate::runtime::AdapterInstance;
+use crate::runtime::pages::{PageSize, entry_bytes};
 use crate::slot::Held;
 
 /// One message from a reader's task to its [`Reader`]: a batch of entries, or the error that
@@ -129,6 +131,8 @@ pub(super) struct ReaderTask {
     pub(super) guard: Option<ReaderGuard>,
     pub(super) subscription: Option<broadcast::Receiver<TailEvent>>,
     pub(super) cursor: Cursor,
+    /// The size of the next catch-up page, adapted to the entries' sizes.
+    pub(super) page: PageSize,
     pub(super) out: mpsc::Sender<ReaderBatch>,
     /// Entries delivered and not yet sent: one send per page or tail batch, not per entry.
     pub(super) pending: Vec<Entry>,
@@ -289,21 +293,27 @@ impl ReaderTask {
                 Err(e) => return Err(self.fail(e).await),
             };
             match adapter
-                .log_range(self.topic.clone(), origin.clone(), PAGE)
+                .log_range(self.topic.clone(), origin.clone(), self.page.limit())
                 .await
             {
-                Ok(page) => return Ok(page),
+                Ok(page) => {
+                    note(&mut self.page, &page);
+                    return Ok(page);
+                }
                 // A bad request here is the broker behind itself, not the caller: the id is one
                 // it handed this reader (or the first page read), yet it says the id is past its
                 // tip (RabbitMQ right after a restart: a stream reader from that offset hears
                 // nothing for a while). Tried again as the other passing failures are.
                 Err(
-                    Error::Trapped(_)
+                    e @ (Error::Trapped(_)
                     | Error::Timeout(_)
                     | Error::Unavailable(_)
-                    | Error::BadRequest(_),
+                    | Error::BadRequest(_)),
                 ) if attempt < TRANSIENT_RETRIES => {
                     attempt += 1;
+                    if matches!(e, Error::Trapped(_)) {
+                        self.page.after_trap();
+                    }
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Err(e) => return Err(self.fail(e).await),
@@ -353,4 +363,38 @@ impl ReaderTask {
             }
         }
     }
+}
+
+/// The first page of a read from `origin`, asked at `page`'s size. A page that traps (the
+/// instance ran out of memory holding it: entries of a mebibyte, say) is asked again at half the
+/// size, down to one entry; then the trap is the answer.
+pub(super) async fn first_page_of(
+    adapter: &AdapterInstance,
+    topic: &str,
+    origin: &types::Start,
+    page: &mut PageSize,
+) -> Result<wit::Page> {
+    loop {
+        match adapter
+            .log_range(topic.to_string(), origin.clone(), page.limit())
+            .await
+        {
+            Ok(answer) => {
+                note(page, &answer);
+                return Ok(answer);
+            }
+            Err(Error::Trapped(_)) if page.after_trap() => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Size the page after `answer` by its entries' bytes.
+fn note(page: &mut PageSize, answer: &wit::Page) {
+    let bytes = answer
+        .entries
+        .iter()
+        .map(|e| entry_bytes(&e.value, e.key.as_deref(), &e.headers))
+        .sum();
+    page.after_page(answer.entries.len(), bytes);
 }

@@ -1,8 +1,9 @@
 //! The native side for Kafka: what the Kafka adapter issues, issued directly with `rdkafka`:
 //! idempotent `acks=all` produces awaiting each delivery report to a one-partition topic for
 //! the log (a batch: every record produced at once); catch-up as the adapter's `range`: per
-//! page of 256, the watermarks and an assign-mode reader from the page's offset, closed in the
-//! background after the page (as the driver's readers are); a live read by one assign-mode
+//! page (sized as the host's readers size theirs), the watermarks and an assign-mode reader
+//! from the page's offset, closed in the background after the page (as the driver's readers
+//! are); a live read by one assign-mode
 //! reader from the high watermark; for the queue, a batch produced at once to a four-partition
 //! topic (the host's produce batch, every delivery report awaited), consumed by a
 //! range-assigned group member, joined before the clock starts, that commits synchronously
@@ -22,6 +23,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use wrpc_broker_runtime::pages::PageSize;
 
 use crate::client::{self, blocking, consumer_config};
 use wrpc_broker_runtime::bench::{
@@ -31,9 +33,6 @@ use wrpc_broker_runtime::bench::{
 
 /// How long the bench waits for one record.
 const WAIT: Duration = Duration::from_secs(10);
-/// The host's page size for a catch-up read (`host/src/log`).
-const PAGE: u64 = 256;
-
 /// A commit in flight off the runtime.
 type Commit = tokio::task::JoinHandle<Result<(), crate::bindings::wit::KafkaError>>;
 
@@ -274,17 +273,19 @@ impl Native {
             self.send_all(&name, 250, &work.payload).await?;
         }
         let sample = timed(work.slice, || async {
-            let mut read = 0u64;
+            let (mut read, mut size) = (0u64, PageSize::default());
             while read < CATCH_UP as u64 {
                 let high = self.high(&name).await?;
                 ensure!(high >= CATCH_UP as i64, "{name}: high watermark {high}");
                 let reader = self.reader(&name, Offset::Offset(read as i64))?;
-                let page = PAGE.min(CATCH_UP as u64 - read);
+                let page = u64::from(size.limit()).min(CATCH_UP as u64 - read);
                 let taken = Self::take(&reader, page).await;
                 // As the driver's readers: closed off the runtime, not waited for.
                 tokio::task::spawn_blocking(move || drop(reader));
                 taken?;
                 read += page;
+                // The host sizes pages by their entries' bytes: a payload each here.
+                size.after_page(page as usize, page as usize * work.payload.len());
             }
             Ok(read)
         })

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::store::{LogRecord, MemoryStore, Packet, Queued};
 use anyhow::Context as _;
+use wrpc_broker_runtime::pages::{PageSize, entry_bytes};
 
 use wrpc_broker_runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Tally, Workload,
@@ -80,10 +81,14 @@ impl Native {
         timed(work.slice, || {
             let (store, topic) = (self.store.clone(), topic.clone());
             async move {
-                let mut offset = 0;
-                let mut read = 0;
+                let (mut offset, mut read, mut size) = (0, 0, PageSize::default());
                 while read < CATCH_UP {
-                    let (_, page) = store.log_read(&topic, offset, 256)?;
+                    let (_, page) = store.log_read(&topic, offset, size.limit())?;
+                    let bytes = page
+                        .iter()
+                        .map(|e| entry_bytes(&e.value, e.key.as_deref(), &e.headers))
+                        .sum();
+                    size.after_page(page.len(), bytes);
                     offset += page.len() as u64;
                     read += page.len();
                 }

@@ -8,14 +8,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::StreamExt;
+use wrpc_broker_runtime::pages::PageSize;
 
 use wrpc_broker_runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
     shared_subscription, timed, unique,
 };
 
-/// The host's page size for a catch-up read (`host/src/log`).
-const PAGE: u64 = 256;
 /// Direct gets a page of the adapter has in flight at once (`adapters/nats/src/log.rs`).
 const GETS_IN_FLIGHT: u64 = 64;
 /// Stored publishes of a batch the adapter has in flight at once (`adapters/nats/src/js.rs`).
@@ -195,13 +194,13 @@ impl Native {
         Ok(())
     }
 
-    /// What the adapter's `range` sends for a page of [`PAGE`] from `first`: the stream's info,
-    /// then one direct get per sequence, [`GETS_IN_FLIGHT`] at a time.
-    async fn page(&self, name: &str, first: u64) -> anyhow::Result<u64> {
+    /// What the adapter's `range` sends for a page of `limit` entries from `first`: the stream's
+    /// info, then one direct get per sequence, [`GETS_IN_FLIGHT`] at a time.
+    async fn page(&self, name: &str, first: u64, limit: u32) -> anyhow::Result<u64> {
         self.api(format!("$JS.API.STREAM.INFO.{name}"), String::new())
             .await?;
         let subject = format!("$JS.API.DIRECT.GET.{name}");
-        let end = first + PAGE;
+        let end = first + u64::from(limit);
         let mut seq = first;
         while seq < end {
             let last = (seq + GETS_IN_FLIGHT).min(end);
@@ -223,18 +222,20 @@ impl Native {
             }
             seq = last;
         }
-        Ok(PAGE)
+        Ok(u64::from(limit))
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
         let name = stream_name("native_catchup");
         self.filled(&name, work).await?;
         let sample = timed(work.slice, || async {
-            let mut read = 0;
+            let (mut read, mut size) = (0, PageSize::default());
             while read < CATCH_UP as u64 {
-                let got = self.page(&name, read + 1).await?;
+                let got = self.page(&name, read + 1, size.limit()).await?;
                 ensure!(got > 0, "{name}: {read} entries, {CATCH_UP} appended");
                 read += got;
+                // The host sizes pages by their entries' bytes: a payload each here.
+                size.after_page(got as usize, got as usize * work.payload.len());
             }
             Ok(read)
         })

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
+use wrpc_broker_runtime::pages::PageSize;
 
 use wrpc_broker_runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
@@ -22,8 +23,6 @@ const APPEND: &str = include_str!("../../scripts/append.lua");
 const RANGE: &str = include_str!("../../scripts/range.lua");
 /// What the adapter writes as the `h` field of a record without headers (a zero count).
 const NO_HEADERS: &[u8] = &[0; 4];
-/// Entries per catch-up page: the host's page size (`host/src/log`).
-const PAGE: u32 = 256;
 /// The stream's `MAXLEN`: the adapter's default `retention.maxEntries`.
 const MAX_ENTRIES: u32 = 10_000;
 
@@ -133,14 +132,15 @@ impl Native {
             }
             let _: () = pipe.query_async(&mut connection).await?;
         }
-        // The adapter's page: the stream's state and 256 entries, one script call.
+        // The adapter's page: the stream's state and a page of entries (sized as the host's
+        // readers size theirs), one script call.
         let range = redis::Script::new(RANGE);
         let sample = timed(work.slice, || {
             let (mut connection, key, epoch, range) =
                 (connection.clone(), key.clone(), epoch.clone(), &range);
             async move {
                 let mut start = "-".to_string();
-                let mut read = 0;
+                let (mut read, mut size) = (0, PageSize::default());
                 loop {
                     let page: (
                         redis::Value,
@@ -152,7 +152,7 @@ impl Native {
                         .key(&key)
                         .key(&epoch)
                         .arg(&start)
-                        .arg(PAGE)
+                        .arg(size.limit())
                         .invoke_async(&mut connection)
                         .await?;
                     let Some(redis::Value::Array(last)) = page.4.last() else {
@@ -161,6 +161,8 @@ impl Native {
                     let id: String = redis::from_redis_value(&last[0])?;
                     start = format!("({id}");
                     read += page.4.len();
+                    // The host sizes pages by their entries' bytes: a payload each here.
+                    size.after_page(page.4.len(), page.4.len() * work.payload.len());
                 }
                 Ok(read as u64)
             }
