@@ -97,6 +97,48 @@ pub(crate) async fn request(
     }
 }
 
+/// Requests with empty headers to `subject`, one per body, sent together in one driver call;
+/// those the server did not answer are tried again together while it is away, as
+/// [`request`] tries one. One answer per body, in order.
+pub(crate) async fn request_all(
+    subject: &str,
+    bodies: Vec<Vec<u8>>,
+) -> Vec<Result<client::Message, NatsError>> {
+    let mut answers: Vec<Option<Result<client::Message, NatsError>>> =
+        bodies.iter().map(|_| None).collect();
+    let mut open: Vec<usize> = (0..bodies.len()).collect();
+    let mut pauses = PATIENCE_MS.iter();
+    while !open.is_empty() {
+        let requests = open
+            .iter()
+            .map(|&i| client::Outgoing {
+                subject: subject.to_string(),
+                headers: Vec::new(),
+                payload: bodies[i].clone(),
+            })
+            .collect();
+        let got = client::request_all(requests, REQUEST_MS).await;
+        let mut again = Vec::new();
+        for (i, answer) in open.into_iter().zip(got) {
+            if answer.as_ref().is_err_and(transient) {
+                again.push(i);
+            }
+            answers[i] = Some(answer);
+        }
+        open = match pauses.next() {
+            Some(pause) if !again.is_empty() => {
+                host::sleep(*pause).await;
+                again
+            }
+            _ => Vec::new(),
+        };
+    }
+    answers
+        .into_iter()
+        .map(|a| a.expect("every request was sent once at least"))
+        .collect()
+}
+
 /// Parse a JSON answer; an `error` member becomes [`Fail::Api`].
 fn answer(payload: &[u8]) -> Result<Value, Fail> {
     let value: Value = serde_json::from_slice(payload).map_err(|e| {

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::pin::pin;
 
-use futures::future::{Either, join_all, select};
+use futures::future::{Either, select};
 use serde_json::{Value, json};
 use wit_bindgen::{StreamReader, StreamResult};
 
@@ -34,7 +34,7 @@ use wrpc_broker_guest::ids::{self, is_epoch};
 use wrpc_broker_guest::relay::ReadSize;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
-/// How many direct gets a page has in flight at once.
+/// How many direct gets a page has in flight at once (one `request-all` call each).
 const GETS_IN_FLIGHT: usize = 64;
 /// The tail consumer's idle heartbeat, in milliseconds.
 const HEARTBEAT_MS: u32 = 1_000;
@@ -179,11 +179,10 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
     let mut seq = from;
     while seq < to {
         let end = (seq + GETS_IN_FLIGHT as u64).min(to);
-        let gets = (seq..end).map(|s| {
-            let body = format!("{{\"seq\":{s}}}").into_bytes();
-            js::request(&subject, Vec::new(), body, false)
-        });
-        for got in join_all(gets).await {
+        let bodies = (seq..end)
+            .map(|s| format!("{{\"seq\":{s}}}").into_bytes())
+            .collect();
+        for got in js::request_all(&subject, bodies).await {
             let m = got.map_err(crate::nats_error)?;
             match m.status {
                 None => out.push(Some(m)),

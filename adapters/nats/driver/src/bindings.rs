@@ -218,37 +218,22 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<wit::Message, wit::NatsError>> {
         let driver = nats_of(accessor)?;
-        let request = async {
-            check_faults(&subject)?;
-            let mut request = async_nats::Request::new()
-                .payload(payload.into())
-                .timeout(Some(Duration::from_millis(u64::from(timeout_ms.max(1)))));
-            if let Some(headers) = header_map(headers)? {
-                request = request.headers(headers);
-            }
-            driver
-                .client
-                .send_request(subject.clone(), request)
-                .await
-                .map(message)
-                .map_err(|e| {
-                    use async_nats::client::RequestErrorKind as Kind;
-                    match e.kind() {
-                        Kind::NoResponders => {
-                            wit::NatsError::NoResponders(format!("{subject}: no responders"))
-                        }
-                        Kind::TimedOut => wit::NatsError::Timeout(format!(
-                            "{subject}: no reply within {timeout_ms} ms"
-                        )),
-                        Kind::InvalidSubject | Kind::MaxPayloadExceeded => {
-                            wit::NatsError::BadRequest(format!("{subject}: {e}"))
-                        }
-                        _ => wit::NatsError::Unavailable(format!("{subject}: {e}")),
-                    }
-                })
-        };
-        let result = request.await;
-        Ok(result)
+        Ok(request(&driver.client, subject, headers, payload, timeout_ms).await)
+    }
+
+    async fn request_all(
+        accessor: &Accessor<T, Self>,
+        requests: Vec<wit::Outgoing>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Vec<Result<wit::Message, wit::NatsError>>> {
+        let driver = nats_of(accessor)?;
+        let client = &driver.client;
+        Ok(futures::future::join_all(
+            requests
+                .into_iter()
+                .map(|r| request(client, r.subject, r.headers, r.payload, timeout_ms)),
+        )
+        .await)
     }
 
     async fn flush(accessor: &Accessor<T, Self>) -> wasmtime::Result<Result<(), wit::NatsError>> {
@@ -256,4 +241,41 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         let result = flush(&driver.client).await;
         Ok(result)
     }
+}
+
+/// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply (`request`
+/// and each of `request-all`).
+async fn request(
+    client: &async_nats::Client,
+    subject: String,
+    headers: wit::Headers,
+    payload: Vec<u8>,
+    timeout_ms: u32,
+) -> Result<wit::Message, wit::NatsError> {
+    check_faults(&subject)?;
+    let mut request = async_nats::Request::new()
+        .payload(payload.into())
+        .timeout(Some(Duration::from_millis(u64::from(timeout_ms.max(1)))));
+    if let Some(headers) = header_map(headers)? {
+        request = request.headers(headers);
+    }
+    client
+        .send_request(subject.clone(), request)
+        .await
+        .map(message)
+        .map_err(|e| {
+            use async_nats::client::RequestErrorKind as Kind;
+            match e.kind() {
+                Kind::NoResponders => {
+                    wit::NatsError::NoResponders(format!("{subject}: no responders"))
+                }
+                Kind::TimedOut => {
+                    wit::NatsError::Timeout(format!("{subject}: no reply within {timeout_ms} ms"))
+                }
+                Kind::InvalidSubject | Kind::MaxPayloadExceeded => {
+                    wit::NatsError::BadRequest(format!("{subject}: {e}"))
+                }
+                _ => wit::NatsError::Unavailable(format!("{subject}: {e}")),
+            }
+        })
 }
