@@ -4,7 +4,6 @@
 //! unavailable, JetStream not answering yet after a restart) are tried again for a while, so a
 //! server restart looks like a slow call, not an error.
 
-use futures::future::join_all;
 use serde_json::{Value, json};
 use wrpc_broker_guest::{Error, Headers, host};
 
@@ -97,38 +96,34 @@ pub(crate) async fn request(
     }
 }
 
-/// Requests with empty headers to `subject`, one per body, sent together in one driver call;
-/// those the server did not answer are tried again together while it is away, as
-/// [`request`] tries one. One answer per body, in order.
+/// Requests sent together in one driver call; those the server did not answer are tried again
+/// together while it is away, as [`request`] tries one (`no_responders_final` as there). One
+/// answer per request, in order.
 pub(crate) async fn request_all(
-    subject: &str,
-    bodies: Vec<Vec<u8>>,
+    requests: Vec<client::Outgoing>,
+    no_responders_final: bool,
 ) -> Vec<Result<client::Message, NatsError>> {
     let mut answers: Vec<Option<Result<client::Message, NatsError>>> =
-        bodies.iter().map(|_| None).collect();
-    let mut open: Vec<usize> = (0..bodies.len()).collect();
+        requests.iter().map(|_| None).collect();
+    let mut open: Vec<usize> = (0..requests.len()).collect();
     let mut pauses = PATIENCE_MS.iter();
+    let again = |e: &NatsError| {
+        transient(e) && !(no_responders_final && matches!(e, NatsError::NoResponders(_)))
+    };
     while !open.is_empty() {
-        let requests = open
-            .iter()
-            .map(|&i| client::Outgoing {
-                subject: subject.to_string(),
-                headers: Vec::new(),
-                payload: bodies[i].clone(),
-            })
-            .collect();
-        let got = client::request_all(requests, REQUEST_MS).await;
-        let mut again = Vec::new();
+        let sent = open.iter().map(|&i| requests[i].clone()).collect();
+        let got = client::request_all(sent, REQUEST_MS).await;
+        let mut unanswered = Vec::new();
         for (i, answer) in open.into_iter().zip(got) {
-            if answer.as_ref().is_err_and(transient) {
-                again.push(i);
+            if answer.as_ref().is_err_and(again) {
+                unanswered.push(i);
             }
             answers[i] = Some(answer);
         }
         open = match pauses.next() {
-            Some(pause) if !again.is_empty() => {
+            Some(pause) if !unanswered.is_empty() => {
                 host::sleep(*pause).await;
-                again
+                unanswered
             }
             _ => Vec::new(),
         };
@@ -245,17 +240,24 @@ where
     while seqs.len() < messages.len() {
         let from = seqs.len();
         let to = (from + PUBLISHES_IN_FLIGHT).min(messages.len());
-        let sends = (from..to).map(|i| {
-            let (headers, payload) = &messages[i];
-            let mut headers = headers.clone();
-            codec::push(&mut headers, codec::MSG_ID, &ids[i]);
-            codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
-            if i > from {
-                codec::push(&mut headers, codec::EXPECTED_LAST_MSG_ID, &ids[i - 1]);
-            }
-            stored(subject, headers, payload.clone())
-        });
-        for reply in join_all(sends).await {
+        let sends = (from..to)
+            .map(|i| {
+                let (headers, payload) = &messages[i];
+                let mut headers = headers.clone();
+                codec::push(&mut headers, codec::MSG_ID, &ids[i]);
+                codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
+                if i > from {
+                    codec::push(&mut headers, codec::EXPECTED_LAST_MSG_ID, &ids[i - 1]);
+                }
+                client::Outgoing {
+                    subject: subject.to_string(),
+                    headers,
+                    payload: payload.clone(),
+                }
+            })
+            .collect();
+        for reply in request_all(sends, true).await {
+            let reply = reply.map_err(Fail::Nats).and_then(|m| pub_ack(&m));
             match reply {
                 Ok(seq) => seqs.push(seq),
                 Err(e) if e.stream_missing() && !created => {
@@ -278,12 +280,8 @@ where
     Ok(seqs)
 }
 
-/// One stored publish: the stream sequence in its PubAck. `NoResponders` when no stream takes
-/// the subject.
-async fn stored(subject: &str, headers: Headers, payload: Vec<u8>) -> Result<u64, Fail> {
-    let reply = request(subject, headers, payload, true)
-        .await
-        .map_err(Fail::Nats)?;
+/// The stream sequence in a stored publish's PubAck.
+fn pub_ack(reply: &client::Message) -> Result<u64, Fail> {
     let ack = answer(&reply.payload)?;
     ack.get("seq").and_then(Value::as_u64).ok_or_else(|| {
         Fail::Api(ApiError {

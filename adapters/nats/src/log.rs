@@ -28,7 +28,7 @@ use wit_bindgen::{StreamReader, StreamResult};
 use crate::codec;
 use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
 use crate::js::{self, Fail};
-use crate::wrpc::nats::client::{self, Message};
+use crate::wrpc::nats::client::{self, Message, Outgoing};
 use crate::{Component, Config, config};
 use wrpc_broker_guest::ids::{self, is_epoch};
 use wrpc_broker_guest::relay::ReadSize;
@@ -179,10 +179,14 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
     let mut seq = from;
     while seq < to {
         let end = (seq + GETS_IN_FLIGHT as u64).min(to);
-        let bodies = (seq..end)
-            .map(|s| format!("{{\"seq\":{s}}}").into_bytes())
+        let gets = (seq..end)
+            .map(|s| Outgoing {
+                subject: subject.clone(),
+                headers: Vec::new(),
+                payload: format!("{{\"seq\":{s}}}").into_bytes(),
+            })
             .collect();
-        for got in js::request_all(&subject, bodies).await {
+        for got in js::request_all(gets, false).await {
             let m = got.map_err(crate::nats_error)?;
             match m.status {
                 None => out.push(Some(m)),
