@@ -28,6 +28,7 @@ pub mod bindings {
     });
 }
 
+pub mod coalesce;
 pub mod headers;
 pub mod ids;
 pub mod log;

@@ -37,6 +37,7 @@ use crate::exports::wrpc::broker::queue::{
 use crate::js::{self, Fail};
 use crate::wrpc::nats::client::{self, Message, NatsError};
 use crate::{Component, Config, config};
+use wrpc_broker_guest::coalesce::Coalesce;
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
 use wrpc_broker_guest::relay::ReadSize;
 use wrpc_broker_guest::signal::{Latch, Notify};
@@ -95,6 +96,9 @@ struct PullConsumer {
     pulls: Cell<u64>,
     /// The server lost the durable (409, 503 on a pull): create it again.
     recreate: Cell<bool>,
+    /// Acks waiting to go to the server together (see [`PullConsumer::ack`]): `$JS.ACK.…`
+    /// subjects.
+    acks: Coalesce<String, Result<(), Error>>,
 }
 
 /// Make sure the work-queue stream of `queue` exists.
@@ -154,18 +158,41 @@ async fn create_durable(config: &Config, queue: &str, stream: &str) -> Result<()
 
 /// Send `verb` (`+ACK`, `-NAK`, `+TERM`) for a delivery and wait for the server's reply.
 async fn ack_call(ack: &str, verb: &str) -> Result<(), Error> {
-    match client::request(
+    let answer = client::request(
         ack.to_string(),
         Vec::new(),
         verb.as_bytes().to_vec(),
         SETTLE_MS,
     )
-    .await
-    {
+    .await;
+    settled(answer)
+}
+
+/// The server's reply to a settlement as its answer.
+fn settled(answer: Result<client::Message, NatsError>) -> Result<(), Error> {
+    match answer {
         Ok(_) => Ok(()),
         Err(NatsError::Refused(m)) => Err(Error::refused(m)),
         Err(e) => Err(crate::nats_error(e)),
     }
+}
+
+/// `+ACK` for each of `acks` (`$JS.ACK.…` subjects), sent together; one answer each, as
+/// [`ack_call`] answers.
+async fn ack_all(acks: Vec<String>) -> Vec<Result<(), Error>> {
+    let requests = acks
+        .into_iter()
+        .map(|ack| client::Outgoing {
+            subject: ack,
+            headers: Vec::new(),
+            payload: b"+ACK".to_vec(),
+        })
+        .collect();
+    client::request_all(requests, SETTLE_MS)
+        .await
+        .into_iter()
+        .map(settled)
+        .collect()
 }
 
 /// Tell the server at once to redeliver a delivery (`-NAK`, optionally with a delay).
@@ -348,8 +375,13 @@ impl queue::Broker for PullConsumer {
         }
     }
 
+    /// The acks of one `queue.settle` batch (its settlements run together) go to the server
+    /// together, in one driver call: the first lets the others of its batch join.
     async fn ack(&self, held: &Received<String>) -> Result<(), Error> {
-        ack_call(&held.handle, "+ACK").await
+        self.acks
+            .call(held.handle.clone(), ack_all)
+            .await
+            .unwrap_or_else(|| Err(Error::internal("an ack's driver call was dropped")))
     }
 
     async fn copy_then_ack(&self, held: &Received<String>, copy: Copy<'_>) -> Result<(), Error> {
@@ -454,6 +486,7 @@ impl Guest for Component {
             pull: RefCell::new(None),
             pulls: Cell::new(0),
             recreate: Cell::new(false),
+            acks: Coalesce::default(),
         };
         let (tx, rx) = crate::wit_stream::new::<Delivery>();
         Ok((queue::start(consumer, opts.prefetch, generation, tx)?, rx))

@@ -19,10 +19,7 @@
 //! `XAUTOCLAIM` sweep takes it — never moved past, and the consumer is unhealthy until a
 //! settlement lands.
 
-use std::cell::{Cell, RefCell};
-use std::task::Poll;
-
-use futures::channel::oneshot;
+use std::cell::Cell;
 
 use crate::exports::wrpc::broker::queue::{
     ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement,
@@ -31,6 +28,7 @@ use crate::{
     Component, Reply, args, blocking, cmd, config, encode_headers, eval, headers_field, pipeline,
 };
 use wit_bindgen::StreamReader;
+use wrpc_broker_guest::coalesce::Coalesce;
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, Headers, Tag, headers, host};
@@ -122,11 +120,8 @@ struct GroupMember {
     /// Sweep at the next receive (a delivery was handed back).
     claim_now: Cell<bool>,
     /// Acks waiting to go to the server together (see [`GroupMember::ack`]).
-    acks: RefCell<Vec<PendingAck>>,
+    acks: Coalesce<Vec<u8>, Result<(), Error>>,
 }
-
-/// An ack waiting for the script call that carries it: the entry id and where its answer goes.
-type PendingAck = (Vec<u8>, oneshot::Sender<Result<(), Error>>);
 
 /// Create the group (from the start of the stream, creating the stream); existing is fine.
 async fn ensure_group(key: &[u8]) -> Result<(), Error> {
@@ -309,20 +304,6 @@ async fn settle_script(
     }
 }
 
-/// Pending once (waking itself at once): the futures polled beside this one run first.
-async fn yield_once() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            return Poll::Ready(());
-        }
-        yielded = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
-}
-
 impl queue::Broker for GroupMember {
     /// Each delivery is settled on its own; a batch's calls may overlap.
     const CONCURRENT_SETTLES: bool = true;
@@ -372,23 +353,14 @@ impl queue::Broker for GroupMember {
     /// The acks of one `queue.settle` batch (its settlements run together) go as one script
     /// call: the first to arrive lets the others of its batch join, then sends them all.
     async fn ack(&self, held: &Received<Vec<u8>>) -> Result<(), Error> {
-        let (tx, rx) = oneshot::channel();
-        let first = {
-            let mut acks = self.acks.borrow_mut();
-            acks.push((held.handle.clone(), tx));
-            acks.len() == 1
+        let all = |ids: Vec<Vec<u8>>| async move {
+            let count = ids.len();
+            vec![self.ack_all(ids).await; count]
         };
-        if first {
-            yield_once().await;
-            let batch = std::mem::take(&mut *self.acks.borrow_mut());
-            let (ids, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let answer = self.ack_all(ids).await;
-            for reply in replies {
-                let _ = reply.send(answer.clone());
-            }
-        }
-        rx.await
-            .unwrap_or_else(|_| Err(Error::internal("an ack's script call was dropped")))
+        self.acks
+            .call(held.handle.clone(), all)
+            .await
+            .unwrap_or_else(|| Err(Error::internal("an ack's script call was dropped")))
     }
 
     async fn copy_then_ack(&self, held: &Received<Vec<u8>>, copy: Copy<'_>) -> Result<(), Error> {
@@ -486,7 +458,7 @@ impl Guest for Component {
             next_move: Cell::new(now),
             next_claim: Cell::new(now),
             claim_now: Cell::new(false),
-            acks: RefCell::new(Vec::new()),
+            acks: Coalesce::default(),
         };
         let (tx, rx) = crate::wit_stream::new::<Delivery>();
         Ok((

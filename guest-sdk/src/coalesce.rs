@@ -1,0 +1,96 @@
+//! Calls issued in one turn of an instance's event loop, sent to the broker as one: the
+//! settlements of one `queue.settle` batch run together, and a broker that can take many in
+//! one command (a Redis script, NATS requests sent together) answers them with one call across
+//! the boundary instead of one each.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::task::Poll;
+
+use futures::channel::oneshot;
+
+/// Items waiting to go to the broker together, each with where its answer goes.
+pub struct Coalesce<I, R> {
+    waiting: RefCell<Vec<(I, oneshot::Sender<R>)>>,
+}
+
+impl<I, R> Default for Coalesce<I, R> {
+    fn default() -> Self {
+        Self {
+            waiting: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl<I, R> Coalesce<I, R> {
+    /// Send `item` with the others issued in this turn. The first of a turn yields once, so the
+    /// turn's other calls join it, then hands them all to `send`, which answers one `R` per
+    /// item, in order. `None` when no answer came for this item: `send` answered fewer, or the
+    /// call that sent it was dropped before it answered.
+    pub async fn call<Fut>(&self, item: I, send: impl FnOnce(Vec<I>) -> Fut) -> Option<R>
+    where
+        Fut: Future<Output = Vec<R>>,
+    {
+        let (tx, rx) = oneshot::channel();
+        let first = {
+            let mut waiting = self.waiting.borrow_mut();
+            waiting.push((item, tx));
+            waiting.len() == 1
+        };
+        if first {
+            yield_once().await;
+            let batch = std::mem::take(&mut *self.waiting.borrow_mut());
+            let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+            for (reply, answer) in replies.into_iter().zip(send(items).await) {
+                let _ = reply.send(answer);
+            }
+        }
+        rx.await.ok()
+    }
+}
+
+/// Let every other task that is ready run once before going on.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::executor::block_on;
+    use futures::future::join_all;
+    use std::cell::Cell;
+
+    #[test]
+    fn the_calls_of_one_turn_go_in_one_send_and_each_gets_its_own_answer() {
+        let coalesce = Coalesce::<u32, u32>::default();
+        let sends = Cell::new(0);
+        let send = |items: Vec<u32>| {
+            sends.set(sends.get() + 1);
+            async move { items.into_iter().map(|i| i * 10).collect() }
+        };
+        let answers = block_on(join_all((1..=5).map(|i| coalesce.call(i, send))));
+        assert_eq!(answers, [1, 2, 3, 4, 5].map(|i| Some(i * 10)));
+        assert_eq!(sends.get(), 1);
+        // A later turn is a send of its own.
+        assert_eq!(block_on(coalesce.call(7, send)), Some(70));
+        assert_eq!(sends.get(), 2);
+    }
+
+    #[test]
+    fn an_item_without_an_answer_gets_none() {
+        let coalesce = Coalesce::<u32, u32>::default();
+        let short = |items: Vec<u32>| async move { items.into_iter().take(1).collect() };
+        let answers = block_on(join_all((1..=3).map(|i| coalesce.call(i, short))));
+        assert_eq!(answers, [Some(1), None, None]);
+    }
+}
