@@ -17,9 +17,8 @@ use tokio::sync::oneshot;
 
 use super::{Native, publish, publish_batch};
 use wrpc_broker_runtime::bench::{APPEND_BATCH, CATCH_UP, Sample, Workload, joined, timed, unique};
+use wrpc_broker_runtime::pages::PageSize;
 
-/// The host's page size for a catch-up read (`host/src/log`).
-const PAGE: u64 = 256;
 /// The credit of the adapter's stream readers (`adapters/rabbitmq/src/log`).
 const READ_PREFETCH: u16 = 1_000;
 /// A stream reader acknowledges (`multiple`) every this many deliveries, for credit (the
@@ -200,16 +199,22 @@ impl Native {
         sample
     }
 
-    /// Take `count` deliveries from `consumer`, acknowledging them at the end (the broker's
-    /// credit only, as the adapter's readers do).
+    /// Take `count` deliveries from `consumer`, acknowledging them every [`ACK_EVERY`] and at
+    /// the end (the broker's credit only, as the adapter's readers do).
     async fn take(consumer: &mut lapin::Consumer, count: u64) -> anyhow::Result<()> {
         let mut last = None;
-        for _ in 0..count {
+        for taken in 1..=count {
             let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
             let delivery = next
                 .context("no delivery within 10 s")?
                 .context("the consumer ended")??;
-            last = Some(delivery);
+            // Credit for a page longer than the prefetch, as the adapter's reader acks.
+            if taken.is_multiple_of(ACK_EVERY) {
+                delivery.ack(BasicAckOptions { multiple: true }).await?;
+                last = None;
+            } else {
+                last = Some(delivery);
+            }
         }
         if let Some(delivery) = last {
             delivery.ack(BasicAckOptions { multiple: true }).await?;
@@ -227,17 +232,19 @@ impl Native {
         // page's first offset (from the entry the page's `after` id names, to check it), its
         // page taken, the channel closed.
         let sample = timed(work.slice, || async {
-            let mut read = 0u64;
+            let (mut read, mut size) = (0u64, PageSize::default());
             while read < CATCH_UP as u64 {
                 let (offset, check) = match read {
                     0 => (AMQPValue::LongString("first".into()), 0),
                     n => (AMQPValue::LongLongInt(n as i64 - 1), 1),
                 };
                 let (channel, mut consumer) = self.reader(&name, offset).await?;
-                let page = PAGE.min(CATCH_UP as u64 - read);
+                let page = u64::from(size.limit()).min(CATCH_UP as u64 - read);
                 Self::take(&mut consumer, page + check).await?;
                 channel.close(200, "page read".into()).await?;
                 read += page;
+                // The host sizes pages by their entries' bytes: a payload each here.
+                size.after_page(page as usize, page as usize * work.payload.len());
             }
             Ok(read)
         })
