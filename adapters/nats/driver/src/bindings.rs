@@ -33,6 +33,10 @@ fn nats(ctx: &mut Ctx) -> wasmtime::Result<NatsDriver> {
         .ok_or_else(|| wasmtime::Error::msg("the NATS driver is not configured for this adapter"))
 }
 
+/// The most requests one `request-all` call takes: each is a future on the host, so a component
+/// may not ask for millions at once.
+const MAX_REQUESTS_PER_CALL: usize = 4096;
+
 /// The driver lent to the calling component.
 fn nats_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<NatsDriver> {
     accessor.with(|mut access| nats(access.get()))
@@ -226,6 +230,16 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         requests: Vec<wit::Outgoing>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Vec<Result<wit::Message, wit::NatsError>>> {
+        if requests.len() > MAX_REQUESTS_PER_CALL {
+            let refused = format!(
+                "request-all: {} requests, at most {MAX_REQUESTS_PER_CALL} a call",
+                requests.len()
+            );
+            return Ok(requests
+                .iter()
+                .map(|_| Err(wit::NatsError::BadRequest(refused.clone())))
+                .collect());
+        }
         let driver = nats_of(accessor)?;
         let client = &driver.client;
         Ok(futures::future::join_all(
