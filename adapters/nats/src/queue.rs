@@ -56,6 +56,8 @@ const PULL_GRACE_MS: u64 = 1_500;
 const RECEIVE_WAIT_MS: u64 = 250;
 /// How long one settlement request waits for the server's reply.
 const SETTLE_MS: u32 = 2_000;
+/// The most acks one driver call carries (the driver takes at most 4096 requests a call).
+const ACKS_PER_CALL: usize = 1024;
 
 /// The pull a consumer has outstanding.
 struct Pull {
@@ -177,22 +179,23 @@ fn settled(answer: Result<client::Message, NatsError>) -> Result<(), Error> {
     }
 }
 
-/// `+ACK` for each of `acks` (`$JS.ACK.…` subjects), sent together; one answer each, as
-/// [`ack_call`] answers.
+/// `+ACK` for each of `acks` (`$JS.ACK.…` subjects), sent together ([`ACKS_PER_CALL`] a driver
+/// call); one answer each, as [`ack_call`] answers.
 async fn ack_all(acks: Vec<String>) -> Vec<Result<(), Error>> {
-    let requests = acks
-        .into_iter()
-        .map(|ack| client::Outgoing {
-            subject: ack,
-            headers: Vec::new(),
-            payload: b"+ACK".to_vec(),
-        })
-        .collect();
-    client::request_all(requests, SETTLE_MS)
-        .await
-        .into_iter()
-        .map(settled)
-        .collect()
+    let mut answers = Vec::with_capacity(acks.len());
+    for chunk in acks.chunks(ACKS_PER_CALL) {
+        let requests = chunk
+            .iter()
+            .map(|ack| client::Outgoing {
+                subject: ack.clone(),
+                headers: Vec::new(),
+                payload: b"+ACK".to_vec(),
+            })
+            .collect();
+        let got = client::request_all(requests, SETTLE_MS).await;
+        answers.extend(got.into_iter().map(settled));
+    }
+    answers
 }
 
 /// Tell the server at once to redeliver a delivery (`-NAK`, optionally with a delay).
