@@ -5,7 +5,6 @@
 
 use std::cell::RefCell;
 use std::future::Future;
-use std::task::Poll;
 
 use futures::channel::oneshot;
 
@@ -38,7 +37,7 @@ impl<I, R> Coalesce<I, R> {
             waiting.len() == 1
         };
         if first {
-            yield_once().await;
+            wit_bindgen::yield_async().await;
             let batch = std::mem::take(&mut *self.waiting.borrow_mut());
             let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
             for (reply, answer) in replies.into_iter().zip(send(items).await) {
@@ -47,20 +46,6 @@ impl<I, R> Coalesce<I, R> {
         }
         rx.await.ok()
     }
-}
-
-/// Let every other task that is ready run once before going on.
-async fn yield_once() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            return Poll::Ready(());
-        }
-        yielded = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
 }
 
 #[cfg(test)]

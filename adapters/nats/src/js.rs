@@ -74,31 +74,20 @@ pub(crate) async fn request(
     payload: Vec<u8>,
     no_responders_final: bool,
 ) -> Result<client::Message, NatsError> {
-    let mut pauses = PATIENCE_MS.iter();
-    loop {
-        match client::request(
-            subject.to_string(),
-            headers.clone(),
-            payload.clone(),
-            REQUEST_MS,
-        )
+    let one = client::Outgoing {
+        subject: subject.to_string(),
+        headers,
+        payload,
+    };
+    request_all(vec![one], no_responders_final)
         .await
-        {
-            Err(NatsError::NoResponders(m)) if no_responders_final => {
-                return Err(NatsError::NoResponders(m));
-            }
-            Err(e) if transient(&e) => match pauses.next() {
-                Some(pause) => host::sleep(*pause).await,
-                None => return Err(e),
-            },
-            answer => return answer,
-        }
-    }
+        .pop()
+        .expect("one answer per request")
 }
 
-/// Requests sent together in one driver call; those the server did not answer are tried again
-/// together while it is away, as [`request`] tries one (`no_responders_final` as there). One
-/// answer per request, in order.
+/// Requests sent together in one driver call; those the server did not answer (timeout,
+/// unavailable, no responders unless `no_responders_final`) are tried again together while it
+/// is away, after the pauses of [`PATIENCE_MS`]. One answer per request, in order.
 pub(crate) async fn request_all(
     requests: Vec<client::Outgoing>,
     no_responders_final: bool,
