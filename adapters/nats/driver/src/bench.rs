@@ -1,8 +1,10 @@
 //! The native side for NATS: what the NATS adapter sends, sent directly with `async-nats`:
 //! JetStream publishes acknowledged by the server for the log, a work-queue stream with a pull
-//! consumer (`$JS.API.CONSUMER.MSG.NEXT`, `+ACK` awaited) for the queue, core request/reply for
-//! direct, and core PUB/SUB for the backplane. Log reads as the adapter's: pages of stream info
-//! plus pipelined direct gets for a catch-up, an ephemeral push consumer for a live tail.
+//! consumer (`$JS.API.CONSUMER.MSG.NEXT`, `+ACK` awaited) for the queue, the adapter's direct
+//! sends (a PUB and a marker PUB, the marker awaited: nobody subscribed is told) both ways for
+//! request/reply, and core PUB/SUB for the backplane. Log reads as the adapter's: pages of
+//! stream info plus pipelined direct gets for a catch-up, an ephemeral push consumer for a live
+//! tail.
 
 use std::time::{Duration, Instant};
 
@@ -61,6 +63,74 @@ fn append_headers(stream: &str, id: &str, after: Option<&str>) -> async_nats::He
         headers.insert("Nats-Expected-Last-Msg-Id", after);
     }
     headers
+}
+
+/// The headers naming a direct packet's reply address and correlation id (the adapter's
+/// `codec::REPLY_TO` and `codec::CORRELATION_ID`).
+const REPLY_TO: &str = "x-wrpc-reply-to";
+const CORRELATION_ID: &str = "x-wrpc-correlation-id";
+
+/// A direct send as the NATS adapter makes one (`adapters/nats/src/direct.rs`): a PUB whose
+/// NATS reply subject is this send's own `<base>.<n>` (the server answers 503 there when nobody
+/// subscribes), then a marker PUB to `<base>.m<n>`, awaited on the sender's one wildcard
+/// subscription of `<base>.>`: a 503 before the marker means nobody took the packet.
+struct Sender {
+    client: async_nats::Client,
+    base: String,
+    next: u64,
+    mux: async_nats::Subscriber,
+}
+
+impl Sender {
+    async fn new(client: &async_nats::Client) -> anyhow::Result<Self> {
+        let base = client.new_inbox();
+        let mux = client.subscribe(format!("{base}.>")).await?;
+        client.flush().await?;
+        Ok(Self {
+            client: client.clone(),
+            base,
+            next: 0,
+            mux,
+        })
+    }
+
+    /// Send `payload` to `subject`; an error when nobody subscribes to it.
+    async fn send(
+        &mut self,
+        subject: &str,
+        headers: async_nats::HeaderMap,
+        payload: &[u8],
+    ) -> anyhow::Result<()> {
+        self.next += 1;
+        let (reply, marker) = (
+            format!("{}.{}", self.base, self.next),
+            format!("{}.m{}", self.base, self.next),
+        );
+        self.client
+            .publish_with_reply_and_headers(
+                subject.to_string(),
+                reply.clone(),
+                headers,
+                payload.to_vec().into(),
+            )
+            .await?;
+        self.client
+            .publish(marker.clone(), bytes::Bytes::new())
+            .await?;
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(5), self.mux.next())
+                .await
+                .context("no marker within 5 s")?
+                .context("the marker subscription ended")?;
+            if message.subject.as_str() == marker {
+                return Ok(());
+            }
+            ensure!(
+                message.subject.as_str() != reply,
+                "nobody listens on {subject}"
+            );
+        }
+    }
 }
 
 impl Native {
@@ -259,9 +329,11 @@ impl Native {
         let started = Instant::now();
         while started.elapsed() < work.slice {
             let t = Instant::now();
-            self.client
-                .request(format!("{name}.in"), work.payload.clone().into())
-                .await?;
+            let headers = append_headers(&name, &sample.ops.to_string(), None);
+            ensure!(
+                stored(&self.client, &format!("{name}.in"), headers, &work.payload).await?,
+                "refused"
+            );
             loop {
                 let next = tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await;
                 let message = next
@@ -338,30 +410,46 @@ impl Native {
     }
 
     pub async fn request_reply(&self, work: &Workload) -> anyhow::Result<Sample> {
+        // Both sides send as the adapter does (`Sender`); the reply goes to the requester's
+        // inbox, named in a header, as the host's request and reply do.
         let subject = stream_name("native_rr");
+        let inbox = self.client.new_inbox();
         let mut requests = self.client.subscribe(subject.clone()).await?;
-        let responder = {
-            let client = self.client.clone();
-            tokio::spawn(async move {
-                while let Some(request) = requests.next().await {
-                    if let Some(reply) = request.reply {
-                        let _ = client.publish(reply, request.payload).await;
-                    }
+        let mut replies = self.client.subscribe(inbox.clone()).await?;
+        let mut replier = Sender::new(&self.client).await?;
+        let responder = tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let header = |name| {
+                    let headers = request.headers.as_ref()?;
+                    headers.get(name).map(|v| v.as_str().to_string())
+                };
+                if let Some(reply_to) = header(REPLY_TO) {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(CORRELATION_ID, header(CORRELATION_ID).unwrap_or_default());
+                    replier.send(&reply_to, headers, &request.payload).await?;
                 }
-            })
-        };
-        self.client.flush().await?;
-        let sample = timed(work.slice, || {
-            let (client, subject, payload) =
-                (self.client.clone(), subject.clone(), work.payload.clone());
-            async move {
-                client.request(subject, payload.into()).await?;
-                Ok(1)
             }
-        })
-        .await;
+            anyhow::Ok(())
+        });
+        let mut sender = Sender::new(&self.client).await?;
+        let started = Instant::now();
+        let mut sample = Sample::default();
+        while started.elapsed() < work.slice {
+            let t = Instant::now();
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(REPLY_TO, inbox.as_str());
+            headers.insert(CORRELATION_ID, sample.ops.to_string());
+            sender.send(&subject, headers, &work.payload).await?;
+            tokio::time::timeout(Duration::from_secs(5), replies.next())
+                .await
+                .context("no reply within 5 s")?
+                .context("the inbox subscription ended")?;
+            sample.latencies.push(t.elapsed());
+            sample.ops += 1;
+        }
+        sample.elapsed = started.elapsed();
         responder.abort();
-        sample
+        Ok(sample)
     }
 
     pub async fn fan_out(&self, work: &Workload, subscribers: usize) -> anyhow::Result<Sample> {
