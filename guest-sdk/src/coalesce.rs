@@ -1,10 +1,13 @@
 //! Calls issued in one turn of an instance's event loop, sent to the broker as one: the
 //! settlements of one `queue.settle` batch run together, and a broker that can take many in
 //! one command (a Redis script, NATS requests sent together) answers them with one call across
-//! the boundary instead of one each.
+//! the boundary instead of one each. A turn known to hold one call ([`in_turn_of`]) sends it
+//! at once, without yielding for others that will not come.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use futures::channel::oneshot;
 
@@ -37,7 +40,9 @@ impl<I, R> Coalesce<I, R> {
             waiting.len() == 1
         };
         if first {
-            wit_bindgen::yield_async().await;
+            if TURN.get() > 1 {
+                wit_bindgen::yield_async().await;
+            }
             let batch = std::mem::take(&mut *self.waiting.borrow_mut());
             let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
             for (reply, answer) in replies.into_iter().zip(send(items).await) {
@@ -45,6 +50,39 @@ impl<I, R> Coalesce<I, R> {
             }
         }
         rx.await.ok()
+    }
+}
+
+thread_local! {
+    /// How many calls the turn being polled holds at most; unknown (`usize::MAX`) outside
+    /// [`in_turn_of`].
+    static TURN: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Run `calls`, the futures of one turn holding at most `count` [`Coalesce::call`]s (e.g. the
+/// settlements of one batch): a turn of one sends its call at once instead of yielding first.
+pub async fn in_turn_of<F: Future>(count: usize, calls: F) -> F::Output {
+    InTurn {
+        count,
+        calls: Box::pin(calls),
+    }
+    .await
+}
+
+/// [`in_turn_of`]'s future: the turn's size is known while its calls are polled.
+struct InTurn<F> {
+    count: usize,
+    calls: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for InTurn<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let outer = TURN.replace(self.count);
+        let polled = self.calls.as_mut().poll(cx);
+        TURN.set(outer);
+        polled
     }
 }
 
@@ -69,6 +107,31 @@ mod tests {
         // A later turn is a send of its own.
         assert_eq!(block_on(coalesce.call(7, send)), Some(70));
         assert_eq!(sends.get(), 2);
+    }
+
+    #[test]
+    fn a_turn_of_one_sends_at_once_and_a_larger_one_still_gathers() {
+        let coalesce = Coalesce::<u32, u32>::default();
+        let sends = Cell::new(0);
+        let send = |items: Vec<u32>| {
+            sends.set(sends.get() + 1);
+            async move { items.into_iter().map(|i| i * 10).collect() }
+        };
+        // Polled once, a lone call of a turn of one has its answer: no yield before the send.
+        let mut lone = Box::pin(in_turn_of(1, coalesce.call(1, send)));
+        let waker = futures::task::noop_waker();
+        let polled = lone.as_mut().poll(&mut Context::from_waker(&waker));
+        assert_eq!(polled, Poll::Ready(Some(10)));
+        // Outside a turn of one, a lone call yields once first.
+        let mut unknown = Box::pin(coalesce.call(2, send));
+        assert_eq!(
+            unknown.as_mut().poll(&mut Context::from_waker(&waker)),
+            Poll::Pending
+        );
+        assert_eq!(block_on(unknown), Some(20));
+        let many = in_turn_of(3, join_all((1..=3).map(|i| coalesce.call(i, send))));
+        assert_eq!(block_on(many), [Some(10), Some(20), Some(30)]);
+        assert_eq!(sends.get(), 3);
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! a delivery is a store lease of `queue.visibilityMs` that the consumer renews every third of
 //! it until the delivery is settled, and the attempt travels in `x-wrpc-attempt`.
 //!
-//! Settlements (the SDK's queue machinery drives them): ack → `queue-ack`; retry → push a copy
-//! (attempt + 1, the delay), then ack; release → `queue-nack`; dead-letter → push a copy to the
-//! dead-letter queue, then ack.
+//! Settlements (the SDK's queue machinery drives them): ack → `queue-ack`, one call for the acks
+//! of one turn (a settle batch's); retry → push a copy (attempt + 1, the delay), then ack;
+//! release → `queue-nack`; dead-letter → push a copy to the dead-letter queue, then ack.
 
 use crate::exports::wrpc::broker::queue::{
     ConsumeOptions, ConsumerId, Delivery, Guest, Message, Settlement,
@@ -12,6 +12,7 @@ use crate::exports::wrpc::broker::queue::{
 use crate::wrpc::memory::store::{self, Queued, StoreError};
 use crate::{Component, config, store_error};
 use wit_bindgen::StreamReader;
+use wrpc_broker_guest::coalesce::Coalesce;
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
 use wrpc_broker_guest::signal::Latch;
 use wrpc_broker_guest::{Error, Tag, headers};
@@ -26,6 +27,8 @@ struct StoreQueue {
     queue: String,
     dlq: String,
     visibility_ms: u32,
+    /// The acks of one turn, gathered into one `queue-ack`.
+    acks: Coalesce<u64, Result<(), StoreError>>,
 }
 
 /// The single answer of a store call made for one receipt.
@@ -73,7 +76,13 @@ impl queue::Broker for StoreQueue {
     }
 
     async fn ack(&self, held: &Received<u64>) -> Result<(), Error> {
-        one(store::queue_ack(&self.queue, &[held.handle]))
+        let acked = self.acks.call(held.handle, |receipts| async move {
+            store::queue_ack(&self.queue, &receipts)
+        });
+        match acked.await {
+            Some(result) => result.map_err(store_error),
+            None => Err(Error::internal("the store answered nothing for a receipt")),
+        }
     }
 
     async fn copy_then_ack(&self, held: &Received<u64>, copy: Copy<'_>) -> Result<(), Error> {
@@ -135,6 +144,7 @@ impl Guest for Component {
             queue: config.name("queue", &queue)?,
             dlq: config.name("queue", &dlq)?,
             visibility_ms: config.visibility_ms,
+            acks: Coalesce::default(),
         };
         let (tx, rx) = crate::wit_stream::new::<Delivery>();
         Ok((

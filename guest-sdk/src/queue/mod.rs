@@ -219,10 +219,12 @@ pub async fn settle<S: Into<Settlement>>(id: u64, batch: Vec<(Tag, S)>) -> Vec<R
         return batch.iter().map(|_| Err(closed())).collect();
     };
     if consumer.concurrent_settles() {
+        let count = batch.len();
         let settling = batch
             .into_iter()
             .map(|(tag, settlement)| consumer.clone().settle(tag, settlement.into()));
-        return futures::future::join_all(settling).await;
+        // The batch's acks may go to the broker as one call (`coalesce`), a lone one at once.
+        return crate::coalesce::in_turn_of(count, futures::future::join_all(settling)).await;
     }
     let mut answers = Vec::with_capacity(batch.len());
     for (tag, settlement) in batch {
