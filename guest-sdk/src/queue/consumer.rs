@@ -27,10 +27,8 @@ pub(super) type Boxed<T> = Pin<Box<dyn Future<Output = T>>>;
 
 /// A consumer whatever its broker, as the registry holds it.
 pub(super) trait Live {
-    /// Settle one delivery.
-    fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>>;
-    /// [`Broker::CONCURRENT_SETTLES`] of its broker.
-    fn concurrent_settles(&self) -> bool;
+    /// Settle a batch, one answer each, in order ([`super::settle`]).
+    fn settle(self: Rc<Self>, batch: Vec<(Tag, Settlement)>) -> Boxed<Vec<Result<(), Error>>>;
     /// `queue.healthy`.
     fn healthy(&self) -> bool;
     /// Stop and resolve once what it held is handed back.
@@ -212,29 +210,35 @@ impl<B: Broker> Consumer<B> {
         }
     }
 
-    /// Settle the delivery `tag`; on failure hand the message back and answer `refused`.
-    async fn settle_one(&self, tag: Tag, settlement: Settlement) -> Result<(), Error> {
+    /// Take the delivery `tag` off the ledger: its settlement has arrived.
+    fn take(&self, tag: Tag) -> Result<Received<B::Handle>, Error> {
         if tag.generation != self.generation {
             return Err(Error::stale(format!(
                 "tag from generation {}, this instance is {}",
                 tag.generation, self.generation
             )));
         }
-        let held = {
-            let mut ledger = self.ledger.borrow_mut();
-            // The mutant keeps the delivery, so a second settlement of one tag applies too.
-            #[cfg(not(feature = "mutant-second-settlement-wins"))]
-            let held = ledger.unsettled.remove(&tag.seq);
-            #[cfg(feature = "mutant-second-settlement-wins")]
-            let held = ledger.unsettled.get(&tag.seq).cloned();
-            held.ok_or_else(|| {
-                Error::stale(format!(
-                    "delivery {} was already settled or handed back",
-                    tag.seq
-                ))
-            })?
-        };
-        self.settled.notify();
+        let mut ledger = self.ledger.borrow_mut();
+        // The mutant keeps the delivery, so a second settlement of one tag applies too.
+        #[cfg(not(feature = "mutant-second-settlement-wins"))]
+        let held = ledger.unsettled.remove(&tag.seq);
+        #[cfg(feature = "mutant-second-settlement-wins")]
+        let held = ledger.unsettled.get(&tag.seq).cloned();
+        held.ok_or_else(|| {
+            Error::stale(format!(
+                "delivery {} was already settled or handed back",
+                tag.seq
+            ))
+        })
+    }
+
+    /// Make the broker calls of a settlement taken off the ledger; on failure hand the message
+    /// back and answer `refused`.
+    async fn apply_taken(
+        &self,
+        held: Received<B::Handle>,
+        settlement: Settlement,
+    ) -> Result<(), Error> {
         let answer = self.apply(&held, settlement).await;
         if answer.is_err() {
             self.broker.hand_back(&held).await;
@@ -249,15 +253,39 @@ impl<B: Broker> Consumer<B> {
             Error::refused(why)
         })
     }
+
+    /// Settle a batch: every delivery of it leaves the ledger first, in batch order (the
+    /// settlements have reached the adapter, so they no longer count under the prefetch, and
+    /// the pump receives in their place at once, not one at a time as broker calls end); a tag
+    /// twice in the batch settles once and answers `stale` after. Then the broker calls: all
+    /// together with [`Broker::CONCURRENT_SETTLES`] (acks gathered by [`crate::coalesce`]),
+    /// else one after the other, in batch order.
+    async fn settle_batch(&self, batch: Vec<(Tag, Settlement)>) -> Vec<Result<(), Error>> {
+        let taken: Vec<_> = batch
+            .into_iter()
+            .map(|(tag, settlement)| self.take(tag).map(|held| (held, settlement)))
+            .collect();
+        self.settled.notify();
+        let settle = |taken: Result<_, Error>| async move {
+            let (held, settlement) = taken?;
+            self.apply_taken(held, settlement).await
+        };
+        if B::CONCURRENT_SETTLES {
+            let count = taken.len();
+            let settling = futures::future::join_all(taken.into_iter().map(settle));
+            return crate::coalesce::in_turn_of(count, settling).await;
+        }
+        let mut answers = Vec::with_capacity(taken.len());
+        for one in taken {
+            answers.push(settle(one).await);
+        }
+        answers
+    }
 }
 
 impl<B: Broker> Live for Consumer<B> {
-    fn settle(self: Rc<Self>, tag: Tag, settlement: Settlement) -> Boxed<Result<(), Error>> {
-        Box::pin(async move { self.settle_one(tag, settlement).await })
-    }
-
-    fn concurrent_settles(&self) -> bool {
-        B::CONCURRENT_SETTLES
+    fn settle(self: Rc<Self>, batch: Vec<(Tag, Settlement)>) -> Boxed<Vec<Result<(), Error>>> {
+        Box::pin(async move { self.settle_batch(batch).await })
     }
 
     fn healthy(&self) -> bool {

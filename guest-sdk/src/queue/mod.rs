@@ -208,29 +208,18 @@ fn live(id: u64) -> Option<Rc<dyn Live>> {
     CONSUMERS.with_borrow(|m| m.get(&id).cloned())
 }
 
-/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`). With
-/// [`Broker::CONCURRENT_SETTLES`] the batch's settlements go to the broker together (one round
-/// trip for the batch where the connection pipelines); each still takes its delivery off the
-/// ledger in batch order before any broker call, so a tag twice in one batch settles once and
-/// answers `stale` after. Otherwise one after the other.
+/// Settle a batch on consumer `id`, one answer each, in order (`queue.settle`). Every delivery
+/// of the batch leaves the ledger first, in batch order, so a tag twice in one batch settles
+/// once and answers `stale` after, and the prefetch has room for the whole batch at once. With
+/// [`Broker::CONCURRENT_SETTLES`] the batch's settlements then go to the broker together (one
+/// round trip for the batch where the connection pipelines); otherwise one after the other.
 pub async fn settle<S: Into<Settlement>>(id: u64, batch: Vec<(Tag, S)>) -> Vec<Result<(), Error>> {
     let Some(consumer) = live(id) else {
         let closed = || Error::closed(format!("consumer {id} is not live"));
         return batch.iter().map(|_| Err(closed())).collect();
     };
-    if consumer.concurrent_settles() {
-        let count = batch.len();
-        let settling = batch
-            .into_iter()
-            .map(|(tag, settlement)| consumer.clone().settle(tag, settlement.into()));
-        // The batch's acks may go to the broker as one call (`coalesce`), a lone one at once.
-        return crate::coalesce::in_turn_of(count, futures::future::join_all(settling)).await;
-    }
-    let mut answers = Vec::with_capacity(batch.len());
-    for (tag, settlement) in batch {
-        answers.push(consumer.clone().settle(tag, settlement.into()).await);
-    }
-    answers
+    let batch = batch.into_iter().map(|(tag, s)| (tag, s.into())).collect();
+    consumer.settle(batch).await
 }
 
 /// Whether consumer `id` is healthy; none when it is not live (`queue.healthy`).
