@@ -230,24 +230,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         requests: Vec<wit::Outgoing>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Vec<Result<wit::Message, wit::NatsError>>> {
-        if requests.len() > MAX_REQUESTS_PER_CALL {
-            let refused = format!(
-                "request-all: {} requests, at most {MAX_REQUESTS_PER_CALL} a call",
-                requests.len()
-            );
-            return Ok(requests
-                .iter()
-                .map(|_| Err(wit::NatsError::BadRequest(refused.clone())))
-                .collect());
-        }
         let driver = nats_of(accessor)?;
-        let client = &driver.client;
-        Ok(futures::future::join_all(
-            requests
-                .into_iter()
-                .map(|r| request(client, r.subject, r.headers, r.payload, timeout_ms)),
-        )
-        .await)
+        Ok(request_all(&driver.client, requests, timeout_ms).await)
     }
 
     async fn flush(accessor: &Accessor<T, Self>) -> wasmtime::Result<Result<(), wit::NatsError>> {
@@ -255,6 +239,32 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         let result = flush(&driver.client).await;
         Ok(result)
     }
+}
+
+/// `request-all`: every request sent at once, each as [`request`]; over
+/// [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host) nothing is sent and every
+/// answer is `bad-request`.
+async fn request_all(
+    client: &async_nats::Client,
+    requests: Vec<wit::Outgoing>,
+    timeout_ms: u32,
+) -> Vec<Result<wit::Message, wit::NatsError>> {
+    if requests.len() > MAX_REQUESTS_PER_CALL {
+        let refused = format!(
+            "request-all: {} requests, at most {MAX_REQUESTS_PER_CALL} a call",
+            requests.len()
+        );
+        return requests
+            .iter()
+            .map(|_| Err(wit::NatsError::BadRequest(refused.clone())))
+            .collect();
+    }
+    futures::future::join_all(
+        requests
+            .into_iter()
+            .map(|r| request(client, r.subject, r.headers, r.payload, timeout_ms)),
+    )
+    .await
 }
 
 /// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply (`request`
@@ -292,4 +302,65 @@ async fn request(
                 _ => wit::NatsError::Unavailable(format!("{subject}: {e}")),
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// `count` requests to `subject`, empty.
+    fn outgoing(subject: &str, count: usize) -> Vec<wit::Outgoing> {
+        (0..count)
+            .map(|_| wit::Outgoing {
+                subject: subject.to_string(),
+                headers: Vec::new(),
+                payload: Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Over its cap `request-all` sends nothing and answers `bad-request` for each request; at
+    /// the cap every request goes out. Needs the NATS server of `scripts/services.sh`.
+    #[tokio::test]
+    async fn request_all_over_its_cap_sends_nothing_and_at_it_sends_all() {
+        let client = async_nats::connect("nats://127.0.0.1:4222")
+            .await
+            .expect("the NATS server of scripts/services.sh on 127.0.0.1:4222");
+        let subject = client.new_inbox();
+        let mut seen = client.subscribe(subject.clone()).await.unwrap();
+        client.flush().await.unwrap();
+
+        let over = MAX_REQUESTS_PER_CALL + 1;
+        let answers = request_all(&client, outgoing(&subject, over), 1_000).await;
+        assert_eq!(answers.len(), over);
+        for answer in &answers {
+            assert!(
+                matches!(answer, Err(wit::NatsError::BadRequest(why)) if why.contains("at most 4096")),
+                "{answer:?}"
+            );
+        }
+        client.flush().await.unwrap();
+        let leaked = tokio::time::timeout(Duration::from_millis(300), seen.next()).await;
+        assert!(
+            leaked.is_err(),
+            "a request over the cap went out: {leaked:?}"
+        );
+
+        // Nobody replies, so each request at the cap times out — after it went out.
+        let answers = request_all(&client, outgoing(&subject, MAX_REQUESTS_PER_CALL), 300).await;
+        assert_eq!(answers.len(), MAX_REQUESTS_PER_CALL);
+        assert!(
+            answers
+                .iter()
+                .all(|a| !matches!(a, Err(wit::NatsError::BadRequest(_)))),
+            "a request at the cap was refused"
+        );
+        for received in 0..MAX_REQUESTS_PER_CALL {
+            tokio::time::timeout(Duration::from_secs(10), seen.next())
+                .await
+                .unwrap_or_else(|_| panic!("only {received} requests at the cap arrived"))
+                .expect("the subscription ended");
+        }
+    }
 }
