@@ -93,14 +93,21 @@ mod tests {
     use futures::future::join_all;
     use std::cell::Cell;
 
+    /// A send answering each item times ten, counting its calls in `sends`.
+    fn times_ten(
+        sends: &Cell<u32>,
+    ) -> impl Fn(Vec<u32>) -> futures::future::Ready<Vec<u32>> + Copy + '_ {
+        move |items| {
+            sends.set(sends.get() + 1);
+            futures::future::ready(items.into_iter().map(|i| i * 10).collect())
+        }
+    }
+
     #[test]
     fn the_calls_of_one_turn_go_in_one_send_and_each_gets_its_own_answer() {
         let coalesce = Coalesce::<u32, u32>::default();
         let sends = Cell::new(0);
-        let send = |items: Vec<u32>| {
-            sends.set(sends.get() + 1);
-            async move { items.into_iter().map(|i| i * 10).collect() }
-        };
+        let send = times_ten(&sends);
         let answers = block_on(join_all((1..=5).map(|i| coalesce.call(i, send))));
         assert_eq!(answers, [1, 2, 3, 4, 5].map(|i| Some(i * 10)));
         assert_eq!(sends.get(), 1);
@@ -113,10 +120,7 @@ mod tests {
     fn a_turn_of_one_sends_at_once_and_a_larger_one_still_gathers() {
         let coalesce = Coalesce::<u32, u32>::default();
         let sends = Cell::new(0);
-        let send = |items: Vec<u32>| {
-            sends.set(sends.get() + 1);
-            async move { items.into_iter().map(|i| i * 10).collect() }
-        };
+        let send = times_ten(&sends);
         // Polled once, a lone call of a turn of one has its answer: no yield before the send.
         let mut lone = Box::pin(in_turn_of(1, coalesce.call(1, send)));
         let waker = futures::task::noop_waker();
