@@ -281,30 +281,25 @@ impl ConsumerShared {
 
     /// Run the handler on one delivery; settle it if the handler did not.
     async fn handle(&self, delivery: Delivery) {
-        let state = delivery.state.clone();
+        let settler = delivery.settler();
         let attempt = delivery.attempt;
-        let outcome = AssertUnwindSafe((self.handler)(delivery.clone()))
+        let outcome = AssertUnwindSafe((self.handler)(delivery))
             .catch_unwind()
             .await;
-        if state
-            .first
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        if settler.settled() {
             return;
         }
         let result = match outcome {
-            Ok(Ok(())) => delivery.ack().await,
+            Ok(Ok(())) => settler.ack().await,
             Ok(Err(e)) => {
                 let backoff = handler_backoff(attempt);
                 tracing::warn!(queue = %self.queue, attempt, ?backoff, "handler failed, retrying: {e:#}");
-                delivery.retry(backoff).await
+                settler.retry(backoff).await
             }
             Err(_) => {
                 let backoff = handler_backoff(attempt);
                 tracing::warn!(queue = %self.queue, attempt, ?backoff, "handler panicked, retrying");
-                delivery.retry(backoff).await
+                settler.retry(backoff).await
             }
         };
         if let Err(e) = result {

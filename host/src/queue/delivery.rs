@@ -63,19 +63,26 @@ pub struct Delivery {
     pub headers: Headers,
     /// 1 on the first delivery; + 1 per retry and per failed handler.
     pub attempt: u32,
+    settler: Settler,
+}
+
+/// What settles a delivery, without its message: the consumer keeps one to settle after the
+/// handler (the handler owns the [`Delivery`], so its body is never copied).
+#[derive(Clone)]
+pub(super) struct Settler {
     consumer: Arc<ConsumerShared>,
     session: Arc<Session>,
     tag: types::Tag,
-    pub(super) state: Arc<DeliveryState>,
+    state: Arc<DeliveryState>,
 }
 
 impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Delivery")
-            .field("queue", &self.consumer.queue)
+            .field("queue", &self.settler.consumer.queue)
             .field("attempt", &self.attempt)
-            .field("generation", &self.tag.generation)
-            .field("seq", &self.tag.seq)
+            .field("generation", &self.settler.tag.generation)
+            .field("seq", &self.settler.tag.seq)
             .field("bytes", &self.body.len())
             .finish()
     }
@@ -91,16 +98,61 @@ impl Delivery {
             body: d.body,
             headers: d.headers,
             attempt: d.attempt,
-            consumer,
-            session,
-            tag: d.tag,
-            state: Arc::default(),
+            settler: Settler {
+                consumer,
+                session,
+                tag: d.tag,
+                state: Arc::default(),
+            },
         }
+    }
+
+    /// What settles it, for the consumer to keep while the handler has it.
+    pub(super) fn settler(&self) -> Settler {
+        self.settler.clone()
     }
 
     /// The queue it came from.
     pub fn queue(&self) -> &str {
-        &self.consumer.queue
+        &self.settler.consumer.queue
+    }
+
+    /// Done with the message.
+    pub async fn ack(&self) -> Result<Settled> {
+        self.settler.ack().await
+    }
+
+    /// Redeliver it after `delay`, attempt + 1.
+    pub async fn retry(&self, delay: Duration) -> Result<Settled> {
+        self.settler.retry(delay).await
+    }
+
+    /// Put it back on the queue now, attempt unchanged (hand work over).
+    pub async fn release(&self) -> Result<Settled> {
+        self.settler
+            .settle("release", wit::Settlement::Release)
+            .await
+    }
+
+    /// Move it to the dead-letter queue with `reason` (kept to one line of 512 characters).
+    pub async fn dead_letter(&self, reason: &str) -> Result<Settled> {
+        self.settler
+            .settle(
+                "dead-letter",
+                wit::Settlement::DeadLetter(reason.to_string()),
+            )
+            .await
+    }
+}
+
+impl Settler {
+    /// Whether a settlement of the delivery already won.
+    pub(super) fn settled(&self) -> bool {
+        self.state
+            .first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     async fn settle(&self, kind: &'static str, settlement: wit::Settlement) -> Result<Settled> {
@@ -118,28 +170,14 @@ impl Delivery {
         Ok(Settled::Applied)
     }
 
-    /// Done with the message.
-    pub async fn ack(&self) -> Result<Settled> {
+    /// [`Delivery::ack`].
+    pub(super) async fn ack(&self) -> Result<Settled> {
         self.settle("ack", wit::Settlement::Ack).await
     }
 
-    /// Redeliver it after `delay`, attempt + 1.
-    pub async fn retry(&self, delay: Duration) -> Result<Settled> {
+    /// [`Delivery::retry`].
+    pub(super) async fn retry(&self, delay: Duration) -> Result<Settled> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
         self.settle("retry", wit::Settlement::Retry(ms)).await
-    }
-
-    /// Put it back on the queue now, attempt unchanged (hand work over).
-    pub async fn release(&self) -> Result<Settled> {
-        self.settle("release", wit::Settlement::Release).await
-    }
-
-    /// Move it to the dead-letter queue with `reason` (kept to one line of 512 characters).
-    pub async fn dead_letter(&self, reason: &str) -> Result<Settled> {
-        self.settle(
-            "dead-letter",
-            wit::Settlement::DeadLetter(reason.to_string()),
-        )
-        .await
     }
 }
