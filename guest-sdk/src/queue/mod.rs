@@ -108,8 +108,8 @@ pub trait Broker: 'static {
 
     /// Whether the settlements of one `settle` batch may run at once (their broker calls
     /// pipelined: one round trip for the batch). Off by default: settlements run one after the
-    /// other, in batch order, for a broker whose bookkeeping needs that (Kafka's settled-prefix
-    /// commits do).
+    /// other, in batch order, for a broker whose bookkeeping needs that. Either way the batch's
+    /// deliveries leave the ledger before the first broker call.
     const CONCURRENT_SETTLES: bool = false;
 
     /// How often [`Broker::extend`] is called for what the consumer holds, in milliseconds.
