@@ -66,6 +66,11 @@ fn main() {
             features: &["chaos-trap-every-500"],
             name: "memory_chaos",
         },
+        Build {
+            package: "wrpc-adapter-memory",
+            features: &["sequential-settles"],
+            name: "memory_sequential_settles",
+        },
     ];
     for (features, name) in feature_refs.iter().zip(&names) {
         builds.push(Build {

@@ -7,6 +7,8 @@ pub const MEMORY: &str = env!("WRPC_COMPONENT_MEMORY");
 pub const MEMORY_PYTHON: &str = env!("WRPC_COMPONENT_MEMORY_PYTHON");
 /// The memory adapter naming its store objects its own way (`<name>#<kind>@<prefix>`).
 pub const MEMORY_OTHER_NAMES: &str = env!("WRPC_COMPONENT_MEMORY_OTHER_NAMES");
+/// The memory adapter settling a batch one settlement after the other (the SDK's default path).
+pub const MEMORY_SEQUENTIAL_SETTLES: &str = env!("WRPC_COMPONENT_MEMORY_SEQUENTIAL_SETTLES");
 /// The memory adapter trapping on every 500th call (chaos for the recovery tests).
 pub const MEMORY_CHAOS: &str = env!("WRPC_COMPONENT_MEMORY_CHAOS");
 /// The runtime probe exporting all four capabilities.

@@ -89,7 +89,8 @@ fn broker_backends() -> Vec<Backend> {
 
 /// Every backend: the memory adapter from its file, the memory adapter written in Python
 /// (`adapters/memory-python`), a memory adapter that names its store queues, logs and channels
-/// its own way (the fault hook must not depend on our names), and
+/// its own way (the fault hook must not depend on our names), one that settles a batch one
+/// settlement after the other (the guest SDK's default path, which no broker's adapter takes), and
 /// every broker folder's conformance config (Redis and NATS, on the servers
 /// `scripts/services.sh` starts).
 fn backends() -> Vec<Backend> {
@@ -104,6 +105,10 @@ fn backends() -> Vec<Backend> {
         #[cfg(feature = "python")]
         memory("memory_python", components::MEMORY_PYTHON),
         memory("memory_other_names", components::MEMORY_OTHER_NAMES),
+        memory(
+            "memory_sequential_settles",
+            components::MEMORY_SEQUENTIAL_SETTLES,
+        ),
     ];
     backends.extend(broker_backends());
     backends
