@@ -29,6 +29,10 @@ pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Arc<[I]>) -> P
 
 type Request<I, A> = (I, oneshot::Sender<Result<A>>);
 
+/// At most this many yields of a lane's batch task, between two batches, for the callers it
+/// answered to call again.
+const CALLERS_IN_YIELDS: usize = 8;
+
 /// The batchers of one kind of call, one lane per name while calls of it are in flight.
 pub(crate) struct Batchers<I, A> {
     shared: Arc<Shared<I, A>>,
@@ -111,6 +115,23 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
             .await
     }
 
+    /// Yield until the calls waiting for `name` stop growing (at most [`CALLERS_IN_YIELDS`]
+    /// times): the callers a batch answered may be woken on another worker, and a batch taken
+    /// before they call again splits them into cohorts that wait out each other's batches.
+    async fn let_callers_in(&self, name: &str) {
+        let waiting =
+            |lanes: &HashMap<String, Vec<Request<I, A>>>| lanes.get(name).map_or(0, Vec::len);
+        let mut seen = waiting(&self.lanes());
+        for _ in 0..CALLERS_IN_YIELDS {
+            tokio::task::yield_now().await;
+            let now = waiting(&self.lanes());
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
+    }
+
     /// The calls waiting behind the one in flight for `name`, taken off its lane; none waiting
     /// closes the lane (the next call of `name` goes at once again).
     fn next_batch(&self, name: &str) -> Option<Vec<Request<I, A>>> {
@@ -166,7 +187,7 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
                 hand_out(replies, answers, "items");
                 batch = rest;
             }
-            tokio::task::yield_now().await;
+            shared.let_callers_in(name).await;
         }
         // `next_batch` closed the lane when it found none waiting.
         lane.finished = true;
