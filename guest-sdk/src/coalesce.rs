@@ -6,8 +6,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use futures::channel::oneshot;
 
@@ -62,28 +60,14 @@ thread_local! {
 /// Run `calls`, the futures of one turn holding at most `count` [`Coalesce::call`]s (e.g. the
 /// settlements of one batch): a turn of one sends its call at once instead of yielding first.
 pub async fn in_turn_of<F: Future>(count: usize, calls: F) -> F::Output {
-    InTurn {
-        count,
-        calls: Box::pin(calls),
-    }
-    .await
-}
-
-/// [`in_turn_of`]'s future: the turn's size is known while its calls are polled.
-struct InTurn<F> {
-    count: usize,
-    calls: Pin<Box<F>>,
-}
-
-impl<F: Future> Future for InTurn<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let outer = TURN.replace(self.count);
-        let polled = self.calls.as_mut().poll(cx);
+    let mut calls = std::pin::pin!(calls);
+    std::future::poll_fn(move |cx| {
+        let outer = TURN.replace(count);
+        let polled = calls.as_mut().poll(cx);
         TURN.set(outer);
         polled
-    }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -91,7 +75,7 @@ mod tests {
     use super::*;
     use futures::executor::block_on;
     use futures::future::join_all;
-    use std::cell::Cell;
+    use std::task::{Context, Poll};
 
     /// A send answering each item times ten, counting its calls in `sends`.
     fn times_ten(

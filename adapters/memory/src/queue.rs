@@ -81,10 +81,7 @@ impl queue::Broker for StoreQueue {
         let acked = self.acks.call(held.handle, |receipts| async move {
             store::queue_ack(&self.queue, &receipts)
         });
-        match acked.await {
-            Some(result) => result.map_err(store_error),
-            None => Err(Error::internal("the store answered nothing for a receipt")),
-        }
+        one(acked.await.into_iter().collect())
     }
 
     async fn copy_then_ack(&self, held: &Received<u64>, copy: Copy<'_>) -> Result<(), Error> {

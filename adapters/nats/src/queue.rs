@@ -183,11 +183,13 @@ fn settled(answer: Result<client::Message, NatsError>) -> Result<(), Error> {
 /// call); one answer each, as [`ack_call`] answers.
 async fn ack_all(acks: Vec<String>) -> Vec<Result<(), Error>> {
     let mut answers = Vec::with_capacity(acks.len());
-    for chunk in acks.chunks(ACKS_PER_CALL) {
-        let requests = chunk
-            .iter()
+    let mut acks = acks.into_iter().peekable();
+    while acks.peek().is_some() {
+        let requests = acks
+            .by_ref()
+            .take(ACKS_PER_CALL)
             .map(|ack| client::Outgoing {
-                subject: ack.clone(),
+                subject: ack,
                 headers: Vec::new(),
                 payload: b"+ACK".to_vec(),
             })
