@@ -108,9 +108,15 @@ fn every_capability_answers_curl_with_its_contract_and_its_errors() {
     assert!(status.success(), "exit after SIGTERM: {status}");
 }
 
-fn python_client(server: &Server, queue: &str, count: usize, hold: bool) -> serde_json::Value {
+fn python_client(
+    server: &Server,
+    queue: &str,
+    prefetch: u32,
+    count: usize,
+    hold: bool,
+) -> serde_json::Value {
     let url = server
-        .url(&format!("/v1/queue/{queue}/consume?prefetch=4"))
+        .url(&format!("/v1/queue/{queue}/consume?prefetch={prefetch}"))
         .replace("http://", "ws://");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/queue_client.py");
     let mut command = Command::new("python3");
@@ -136,9 +142,9 @@ fn a_python_websocket_client_consumes_with_retry_and_dead_letter() {
         assert_eq!(post(&server.url("/v1/queue/work"), ADMIN, body).0, 202);
     }
     // One delivery held by a socket that closes without settling it comes back, attempt 1.
-    let held = python_client(&server, "work", 1, true);
+    let held = python_client(&server, "work", 4, 1, true);
     assert_eq!(held["attempt"], 1, "{held}");
-    let got = python_client(&server, "work", bodies.len(), false);
+    let got = python_client(&server, "work", 4, bodies.len(), false);
     let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
     acked.sort();
     assert_eq!(acked, ["a", "b", "c", "retry"], "{got}");
@@ -157,6 +163,26 @@ fn a_python_websocket_client_consumes_with_retry_and_dead_letter() {
     };
     server.wait_for(|| depth("work") == Some(0), "the queue to be empty");
     assert_eq!(depth("work.dead"), Some(1), "the dead letter");
+}
+
+#[test]
+fn a_socket_closed_with_deliveries_on_their_way_hands_every_one_back() {
+    let server = Server::start("[broker]\nurl = \"memory://\"");
+    let mut bodies: Vec<String> = (0..300).map(|i| format!("m{i:03}")).collect();
+    for body in &bodies {
+        assert_eq!(post(&server.url("/v1/queue/burst"), ADMIN, body).0, 202);
+    }
+    // The server has up to 256 deliveries on their way to a socket that closes after one.
+    let held = python_client(&server, "burst", 256, 1, true);
+    assert_eq!(held["attempt"], 1, "{held}");
+    let got = python_client(&server, "burst", 256, bodies.len(), false);
+    let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
+    acked.sort();
+    bodies.sort();
+    assert_eq!(
+        acked, bodies,
+        "every message handed back, none acked unseen"
+    );
 }
 
 #[test]

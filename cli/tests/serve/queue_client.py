@@ -21,7 +21,9 @@ def main():
     hold = len(sys.argv) > 4 and sys.argv[4] == "hold"
     headers = {"Authorization": f"Bearer {token}"}
     acked, attempts, settled = [], {}, []
-    with connect(url, additional_headers=headers, open_timeout=10) as ws:
+    # Every frame read as it comes (no high-water mark): a client that stops reading would
+    # not see the server's answer to its close frame until its close timeout.
+    with connect(url, additional_headers=headers, open_timeout=10, max_queue=None) as ws:
         while len(acked) < count:
             frame = json.loads(ws.recv(timeout=20))
             if frame["type"] == "settled":

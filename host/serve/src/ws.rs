@@ -74,9 +74,11 @@ pub(crate) async fn consume(
         async move {
             let (settled, wait) = oneshot::channel();
             match deliveries.send((delivery, settled)).await {
-                Ok(()) => {
-                    let _ = wait.await;
-                }
+                // Settled by the socket, or released when it closed. The sender dropped
+                // unanswered is a failure, not a success: the consumer must not ack it.
+                Ok(()) => wait
+                    .await
+                    .map_err(|_| anyhow::anyhow!("the socket went away with the delivery"))?,
                 // The socket is gone: hand the message back.
                 Err(mpsc::error::SendError((delivery, _))) => {
                     let _ = delivery.release().await;
@@ -121,9 +123,14 @@ pub(crate) async fn consume(
                 }
             }
         }
-        // Closed: new deliveries are released by the handler, held ones here.
-        drop(arrived);
-        for (_, (delivery, settled)) in held.drain() {
+        // Closed: what the socket held and what the handlers queued for it go back; a
+        // handler that sends after this releases its delivery itself.
+        arrived.close();
+        let mut handed_back: Vec<Held> = held.into_values().collect();
+        while let Some(queued) = arrived.recv().await {
+            handed_back.push(queued);
+        }
+        for (delivery, settled) in handed_back {
             let _ = delivery.release().await;
             let _ = settled.send(());
         }
