@@ -134,19 +134,33 @@ fn python_client(
     json(String::from_utf8_lossy(&output.stdout).trim())
 }
 
+/// Queue `bodies` on `queue`; one socket takes a delivery and closes without settling it, then
+/// another consumes until every body but `dead` is acked: the held delivery, the consumer's
+/// report, and the acked bodies sorted.
+fn hold_one_then_consume(
+    server: &Server,
+    queue: &str,
+    prefetch: u32,
+    bodies: &[impl AsRef<str>],
+) -> (serde_json::Value, serde_json::Value, Vec<String>) {
+    for body in bodies {
+        let url = server.url(&format!("/v1/queue/{queue}"));
+        assert_eq!(post(&url, ADMIN, body.as_ref()).0, 202);
+    }
+    let held = python_client(server, queue, prefetch, 1, true);
+    assert_eq!(held["attempt"], 1, "{held}");
+    let got = python_client(server, queue, prefetch, bodies.len(), false);
+    let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
+    acked.sort();
+    (held, got, acked)
+}
+
 #[test]
 fn a_python_websocket_client_consumes_with_retry_and_dead_letter() {
     let server = Server::start("[broker]\nurl = \"memory://\"");
-    let bodies = ["a", "retry", "b", "dead", "c"];
-    for body in bodies {
-        assert_eq!(post(&server.url("/v1/queue/work"), ADMIN, body).0, 202);
-    }
     // One delivery held by a socket that closes without settling it comes back, attempt 1.
-    let held = python_client(&server, "work", 4, 1, true);
-    assert_eq!(held["attempt"], 1, "{held}");
-    let got = python_client(&server, "work", 4, bodies.len(), false);
-    let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
-    acked.sort();
+    let (held, got, acked) =
+        hold_one_then_consume(&server, "work", 4, &["a", "retry", "b", "dead", "c"]);
     assert_eq!(acked, ["a", "b", "c", "retry"], "{got}");
     assert_eq!(got["attempts"]["retry"], serde_json::json!([1, 2]), "{got}");
     let held_body = held["held"].as_str().expect("a body");
@@ -168,17 +182,9 @@ fn a_python_websocket_client_consumes_with_retry_and_dead_letter() {
 #[test]
 fn a_socket_closed_with_deliveries_on_their_way_hands_every_one_back() {
     let server = Server::start("[broker]\nurl = \"memory://\"");
-    let mut bodies: Vec<String> = (0..300).map(|i| format!("m{i:03}")).collect();
-    for body in &bodies {
-        assert_eq!(post(&server.url("/v1/queue/burst"), ADMIN, body).0, 202);
-    }
+    let bodies: Vec<String> = (0..300).map(|i| format!("m{i:03}")).collect();
     // The server has up to 256 deliveries on their way to a socket that closes after one.
-    let held = python_client(&server, "burst", 256, 1, true);
-    assert_eq!(held["attempt"], 1, "{held}");
-    let got = python_client(&server, "burst", 256, bodies.len(), false);
-    let mut acked: Vec<String> = serde_json::from_value(got["acked"].clone()).expect("acked");
-    acked.sort();
-    bodies.sort();
+    let (_, _, acked) = hold_one_then_consume(&server, "burst", 256, &bodies);
     assert_eq!(
         acked, bodies,
         "every message handed back, none acked unseen"
