@@ -100,9 +100,26 @@ impl Config {
         Ok(config)
     }
 
-    /// The epoch for a log created now (used by the store only if the log does not exist).
+    /// The epoch for a log created now (used by the store only if the log does not exist):
+    /// the configured one, or this instance's spare fresh id, which stays spare until a log is
+    /// created with it ([`Config::log_epoch_seen`]), so a call on a log that exists costs no
+    /// `generate-id`.
     pub(crate) fn new_log_epoch(&self) -> String {
-        self.epoch.clone().unwrap_or_else(host::generate_id)
+        match &self.epoch {
+            Some(epoch) => epoch.clone(),
+            None => SPARE_EPOCH
+                .with_borrow_mut(|spare| spare.get_or_insert_with(host::generate_id).clone()),
+        }
+    }
+
+    /// The store answered with a log of `epoch`: if that is the spare epoch, a log was created
+    /// with it, and the next log needs another (every log its own epoch).
+    pub(crate) fn log_epoch_seen(&self, epoch: &str) {
+        SPARE_EPOCH.with_borrow_mut(|spare| {
+            if spare.as_deref() == Some(epoch) {
+                *spare = None;
+            }
+        });
     }
 
     /// The store name of `name` in namespace `kind` (`log`, `queue`, `chan`); empty is a bad
@@ -121,6 +138,9 @@ impl Config {
 thread_local! {
     /// The configuration `init` set; none before.
     static CONFIG: RefCell<Option<Rc<Config>>> = const { RefCell::new(None) };
+    /// A fresh epoch for the next log this instance creates. Nothing lasting: an instance that
+    /// loses it takes another.
+    static SPARE_EPOCH: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// The configuration, or `closed` before `init`.

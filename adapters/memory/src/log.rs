@@ -45,6 +45,7 @@ fn entry(epoch: &str, e: LogEntry) -> Entry {
 fn open(config: &Config, topic: &str) -> Result<(String, LogInfo), Error> {
     let name = config.name("log", topic)?;
     let info = store::log_open(&name, &config.new_log_epoch(), config.max_entries);
+    config.log_epoch_seen(&info.epoch);
     Ok((name, info))
 }
 
@@ -130,6 +131,7 @@ impl Guest for Component {
         let count = records.len() as u64;
         let (info, first) =
             store::log_append(&name, &config.new_log_epoch(), config.max_entries, &records);
+        config.log_epoch_seen(&info.epoch);
         Ok((first..first + count).map(|o| id(&info.epoch, o)).collect())
     }
 
