@@ -100,26 +100,26 @@ impl Config {
         Ok(config)
     }
 
-    /// The epoch for a log created now (used by the store only if the log does not exist):
-    /// the configured one, or this instance's spare fresh id, which stays spare until a log is
-    /// created with it ([`Config::log_epoch_seen`]), so a call on a log that exists costs no
-    /// `generate-id`.
-    pub(crate) fn new_log_epoch(&self) -> String {
-        match &self.epoch {
-            Some(epoch) => epoch.clone(),
-            None => SPARE_EPOCH
-                .with_borrow_mut(|spare| spare.get_or_insert_with(host::generate_id).clone()),
+    /// Make `call`, a store call that creates its log when missing, with the epoch for a log
+    /// created now: the configured one, or this instance's spare fresh id, which stays spare
+    /// until a log is created with it (`epoch_of` its answer is the spare), so a call on a log
+    /// that exists costs no `generate-id` and every log still gets its own epoch.
+    pub(crate) fn creating_log<R>(
+        &self,
+        call: impl FnOnce(&str) -> R,
+        epoch_of: impl FnOnce(&R) -> &str,
+    ) -> R {
+        if let Some(epoch) = &self.epoch {
+            return call(epoch);
         }
-    }
-
-    /// The store answered with a log of `epoch`: if that is the spare epoch, a log was created
-    /// with it, and the next log needs another (every log its own epoch).
-    pub(crate) fn log_epoch_seen(&self, epoch: &str) {
         SPARE_EPOCH.with_borrow_mut(|spare| {
-            if spare.as_deref() == Some(epoch) {
+            let fresh = spare.get_or_insert_with(host::generate_id);
+            let answer = call(fresh);
+            if epoch_of(&answer) == fresh.as_str() {
                 *spare = None;
             }
-        });
+            answer
+        })
     }
 
     /// The store name of `name` in namespace `kind` (`log`, `queue`, `chan`); empty is a bad

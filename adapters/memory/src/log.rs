@@ -44,8 +44,10 @@ fn entry(epoch: &str, e: LogEntry) -> Entry {
 /// Open (or create) the log of `topic`.
 fn open(config: &Config, topic: &str) -> Result<(String, LogInfo), Error> {
     let name = config.name("log", topic)?;
-    let info = store::log_open(&name, &config.new_log_epoch(), config.max_entries);
-    config.log_epoch_seen(&info.epoch);
+    let info = config.creating_log(
+        |epoch| store::log_open(&name, epoch, config.max_entries),
+        |info| &info.epoch,
+    );
     Ok((name, info))
 }
 
@@ -129,9 +131,10 @@ impl Guest for Component {
             })
             .collect();
         let count = records.len() as u64;
-        let (info, first) =
-            store::log_append(&name, &config.new_log_epoch(), config.max_entries, &records);
-        config.log_epoch_seen(&info.epoch);
+        let (info, first) = config.creating_log(
+            |epoch| store::log_append(&name, epoch, config.max_entries, &records),
+            |(info, _)| &info.epoch,
+        );
         Ok((first..first + count).map(|o| id(&info.epoch, o)).collect())
     }
 

@@ -31,8 +31,9 @@ struct StoreQueue {
     acks: Coalesce<u64, Result<(), StoreError>>,
 }
 
-/// The single answer of a store call made for one receipt.
-fn one(results: Vec<Result<(), StoreError>>) -> Result<(), Error> {
+/// The single answer of a store call made for one receipt (a list of one, or the coalesced
+/// call's answer for it).
+fn one(results: impl IntoIterator<Item = Result<(), StoreError>>) -> Result<(), Error> {
     results.into_iter().next().map_or_else(
         || Err(Error::internal("the store answered nothing for a receipt")),
         |r| r.map_err(store_error),
@@ -81,7 +82,7 @@ impl queue::Broker for StoreQueue {
         let acked = self.acks.call(held.handle, |receipts| async move {
             store::queue_ack(&self.queue, &receipts)
         });
-        one(acked.await.into_iter().collect())
+        one(acked.await)
     }
 
     async fn copy_then_ack(&self, held: &Received<u64>, copy: Copy<'_>) -> Result<(), Error> {
