@@ -2,6 +2,8 @@
 
 use anyhow::{Context as _, ensure};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use wrpc_broker::{AppendOptions, ReadFrom};
 
 use super::{take, values};
@@ -113,16 +115,37 @@ pub(super) async fn appends_behind_a_dropped_one_still_land(f: Factory) -> anyho
     let log = f.instance().await?.log()?;
     let topic = unique("dropped");
     // One poll puts an append in flight: the appends below find it there and wait behind it.
-    // (On a fast broker its answer can beat that first poll: then it landed, and another goes.)
-    let mut first = None;
-    for _ in 0..50 {
+    // An instance with nothing else to do answers within that first poll (then it landed, and
+    // another goes), so appends to another topic keep it busy meanwhile, from a thread of
+    // their own: they run beside this task, however busy this runtime's workers are.
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (log, stop, other) = (log.clone(), stop.clone(), unique("dropped-busy"));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                while !stop.load(Ordering::Relaxed) {
+                    log.append(&other, "busy", AppendOptions::default()).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+    };
+    let (mut first, started) = (None, std::time::Instant::now());
+    while first.is_none() && started.elapsed() < std::time::Duration::from_secs(10) {
         let mut append = Box::pin(log.append(&topic, "first", AppendOptions::default()));
         if futures::poll!(&mut append).is_pending() {
             first = Some(append);
-            break;
+        } else {
+            tokio::task::yield_now().await;
         }
     }
-    let first = first.context("50 appends each answered at their first poll: none to drop")?;
+    stop.store(true, Ordering::Relaxed);
+    busy.join()
+        .map_err(|_| anyhow::anyhow!("the busy thread panicked"))??;
+    let first = first.context("for 10 s every append answered at its first poll: none to drop")?;
     let behind: Vec<_> = (0..BEHIND)
         .map(|i| {
             let (log, topic) = (log.clone(), topic.clone());
