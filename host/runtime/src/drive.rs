@@ -9,7 +9,9 @@
 //!
 //! Whoever polls, every poll uses the same waker, which wakes the driver only when nobody is
 //! polling: a wake that arrives during a poll makes that poller poll again before it lets go,
-//! so no wake is lost, and the driver runs only for what no caller is there to see.
+//! so no wake is lost, and the driver runs only for what no caller is there to see. A wake
+//! that a later part of the same poll already saw needs no second poll: the future marks the
+//! point of its poll after which everything a wake can be for is polled ([`Cover`]).
 
 use std::cell::UnsafeCell;
 use std::future::Future;
@@ -59,6 +61,29 @@ impl Signal {
     }
 }
 
+/// The owner future's mark of a point in its poll after which everything that a wake so far
+/// can be for is still polled in that same poll: a wake that came before the mark needs no
+/// second poll (a trivial call's answer wakes the owner's future within its poll; without the
+/// mark, every call paid one more poll of the whole future, which then found nothing to do).
+pub(crate) struct Cover {
+    signal: Arc<Signal>,
+}
+
+impl Cover {
+    /// `future`, with each of its polls starting at the mark. Only for a future polled within
+    /// the owner's future, whose every poll polls `future` last, and after which that poll
+    /// polls nothing that a wake before it could have been for.
+    pub(crate) async fn polling<F: Future>(&self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        std::future::poll_fn(|cx| {
+            // Only the holder polls: `HELD` is set and stays set.
+            self.signal.state.store(HELD, SeqCst);
+            future.as_mut().poll(cx)
+        })
+        .await
+    }
+}
+
 /// The future held by this task: dropping it polls the future here, then lets it go.
 pub(crate) struct Held<'a> {
     owner: &'a Owner,
@@ -84,11 +109,14 @@ pub(crate) struct Owner {
 unsafe impl Sync for Owner {}
 
 impl Owner {
-    /// Share `future` and spawn its driver task.
-    pub(crate) fn spawn(future: OwnerFuture) -> Arc<Self> {
+    /// Share the future `make` returns (given its [`Cover`]) and spawn its driver task.
+    pub(crate) fn spawn(make: impl FnOnce(Cover) -> OwnerFuture) -> Arc<Self> {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
             driver: OnceLock::new(),
+        });
+        let future = make(Cover {
+            signal: signal.clone(),
         });
         let owner = Arc::new(Self {
             waker: Waker::from(signal.clone()),
@@ -193,11 +221,13 @@ mod tests {
     /// An owner that answers each number sent to it with its double.
     fn doubler() -> (Arc<Owner>, mpsc::Sender<Request>) {
         let (tx, mut rx) = mpsc::channel::<Request>(16);
-        let owner = Owner::spawn(Box::pin(async move {
-            while let Some((n, answer)) = rx.recv().await {
-                let _ = answer.send(n * 2);
-            }
-        }));
+        let owner = Owner::spawn(|_| {
+            Box::pin(async move {
+                while let Some((n, answer)) = rx.recv().await {
+                    let _ = answer.send(n * 2);
+                }
+            })
+        });
         (owner, tx)
     }
 
@@ -211,6 +241,58 @@ mod tests {
             None => request,
         };
         tx.send(request).await.unwrap();
+    }
+
+    /// An owner whose every poll is counted and, when asked, wakes itself once before the
+    /// covered part of its poll (`BEFORE`) or after it (`AFTER`).
+    fn self_waking() -> (Arc<Owner>, Arc<AtomicUsize>, Arc<AtomicU8>) {
+        let (polls, wake) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU8::new(0)));
+        let (counted, asked) = (polls.clone(), wake.clone());
+        let owner = Owner::spawn(|cover| {
+            Box::pin(async move {
+                let mut covered = std::pin::pin!(cover.polling(std::future::pending::<()>()));
+                std::future::poll_fn(|cx| {
+                    counted.fetch_add(1, SeqCst);
+                    let wake = asked.swap(0, SeqCst);
+                    if wake == BEFORE {
+                        cx.waker().wake_by_ref();
+                    }
+                    let _ = covered.as_mut().poll(cx);
+                    if wake == AFTER {
+                        cx.waker().wake_by_ref();
+                    }
+                    Poll::<()>::Pending
+                })
+                .await
+            })
+        });
+        (owner, polls, wake)
+    }
+    const BEFORE: u8 = 1;
+    const AFTER: u8 = 2;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wake_the_covered_part_saw_costs_no_second_poll_and_a_later_one_does() {
+        let (owner, polls, wake) = self_waking();
+        // The driver's first poll.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(polls.load(SeqCst), 1);
+        wake.store(BEFORE, SeqCst);
+        drop(owner.hold().expect("idle"));
+        assert_eq!(
+            polls.load(SeqCst),
+            2,
+            "the wake came before the mark: one poll"
+        );
+        wake.store(AFTER, SeqCst);
+        drop(owner.hold().expect("idle"));
+        assert_eq!(
+            polls.load(SeqCst),
+            4,
+            "the wake came after the mark: polled again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(polls.load(SeqCst), 4, "and nothing left for the driver");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,10 +337,12 @@ mod tests {
         let (tx, mut rx) = mpsc::channel::<()>(1);
         let ended = Arc::new(AtomicUsize::new(0));
         let end = ended.clone();
-        let owner = Owner::spawn(Box::pin(async move {
-            let _ = rx.recv().await;
-            end.fetch_add(1, SeqCst);
-        }));
+        let owner = Owner::spawn(|_| {
+            Box::pin(async move {
+                let _ = rx.recv().await;
+                end.fetch_add(1, SeqCst);
+            })
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The sender's drop wakes the future; it ends in the driver's poll or this one.
         drop(tx);
@@ -272,11 +356,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_future_ends_without_panicking_the_caller_that_polled_it() {
         let (tx, mut rx) = mpsc::channel::<Request>(16);
-        let owner = Owner::spawn(Box::pin(async move {
-            if let Some((n, _answer)) = rx.recv().await {
-                panic!("a host bug on {n}");
-            }
-        }));
+        let owner = Owner::spawn(|_| {
+            Box::pin(async move {
+                if let Some((n, _answer)) = rx.recv().await {
+                    panic!("a host bug on {n}");
+                }
+            })
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         let (answer, waiting) = oneshot::channel();
         // The held poll runs the future into its panic here, on the caller's task.

@@ -196,8 +196,8 @@ impl AdapterInstance {
             successor: std::sync::OnceLock::new(),
             finished: CancellationToken::new(),
         });
-        let owner = Owner::spawn(Box::pin(supervise(
-            Supervisor {
+        let owner = Owner::spawn(|cover| {
+            let sup = Supervisor {
                 component,
                 config,
                 shared: shared.clone(),
@@ -205,10 +205,10 @@ impl AdapterInstance {
                 gen_tx,
                 rx,
                 logger,
-            },
-            store,
-            exports,
-        )));
+                cover,
+            };
+            Box::pin(supervise(sup, store, exports))
+        });
         Ok(Self {
             jobs,
             owner,

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use wasmtime::Store;
 
 use super::budget;
+use super::drive::Cover;
 use super::instance::{InstanceConfig, Job, Shared};
 use super::loader::{Exports, SharedComponent};
 use super::output::InstanceLog;
@@ -42,6 +43,8 @@ pub(crate) struct Supervisor {
     pub(crate) gen_tx: watch::Sender<u32>,
     pub(crate) rx: mpsc::Receiver<Job>,
     pub(crate) logger: TargetLogger,
+    /// Marks where a poll of the serving instance starts (see [`Cover`]).
+    pub(crate) cover: Cover,
 }
 
 /// What the owner is told while it serves.
@@ -72,15 +75,7 @@ async fn serve_generations(mut sup: Supervisor, mut store: Store<Ctx>, mut expor
     loop {
         sup.shared.publish_memory(store.data().limiter.total());
         let close_timeout = close_timeout(&sup);
-        match serve(
-            &mut store,
-            &exports,
-            &mut sup.rx,
-            &sup.shared,
-            close_timeout,
-        )
-        .await
-        {
+        match serve(&mut store, &exports, &mut sup, close_timeout).await {
             Exit::Closed => break,
             Exit::Trapped(report) => {
                 if let Some(backtrace) = &report.backtrace {
@@ -135,14 +130,16 @@ async fn serve_generations(mut sup: Supervisor, mut store: Store<Ctx>, mut expor
 async fn serve(
     store: &mut Store<Ctx>,
     exports: &Exports,
-    rx: &mut mpsc::Receiver<Job>,
-    shared: &Shared,
+    sup: &mut Supervisor,
     close_timeout: Duration,
 ) -> Exit {
+    let (rx, shared, cover) = (&mut sup.rx, &*sup.shared, &sup.cover);
     let outcome = {
         let run = store.run_concurrent(async |accessor| -> wasmtime::Result<Exit> {
             let serving = serve_loop(accessor, exports, rx, shared, close_timeout);
-            budget::heartbeat(accessor, serving).await
+            // wasmtime polls this first in each turn of its loop, then its own futures and
+            // work; the select below polls the kill timer after it.
+            cover.polling(budget::heartbeat(accessor, serving)).await
         });
         let kill = async {
             shared.closing.cancelled().await;
