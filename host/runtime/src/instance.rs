@@ -324,7 +324,7 @@ impl AdapterInstance {
         let deadline = tokio::time::Instant::now() + timeout;
         let timed_out =
             move || Error::Timeout(format!("the adapter did not answer within {timeout:?}"));
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         let job: Job = Box::new(move |accessor, exports| {
             let generation = accessor.with(|mut access| access.get().generation);
             let mut reply = Reply {
@@ -353,18 +353,42 @@ impl AdapterInstance {
                 }
             })
         });
+        // Most calls into an idle instance are answered right here, within this task's poll of
+        // the owner: those need no timer.
+        let queued = match self.submit_here(job) {
+            Ok(()) => match rx.try_recv() {
+                Ok(answer) => return self.answered(Ok(answer)).await,
+                Err(oneshot::error::TryRecvError::Empty) => None,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    return self.stopped_in_flight(0).await;
+                }
+            },
+            Err(job) => Some(job),
+        };
         let answer = tokio::time::timeout_at(deadline, async {
-            self.submit(job).await?;
+            if let Some(job) = queued {
+                self.submit_queued(job).await?;
+            }
             Ok(rx.await)
         })
         .await;
         match answer {
             Err(_) => Err(timed_out()),
             Ok(Err(e)) => Err(e),
-            Ok(Ok(Ok(Answer::Done(answer)))) => answer,
-            Ok(Ok(Ok(Answer::Stopped(generation)))) => self.stopped_in_flight(generation).await,
+            Ok(Ok(got)) => self.answered(got).await,
+        }
+    }
+
+    /// What a call answers, given what its job sent back.
+    async fn answered<R>(
+        &self,
+        got: std::result::Result<Answer<R>, oneshot::error::RecvError>,
+    ) -> Result<R> {
+        match got {
+            Ok(Answer::Done(answer)) => answer,
+            Ok(Answer::Stopped(generation)) => self.stopped_in_flight(generation).await,
             // The job was dropped before any instance took it.
-            Ok(Ok(Err(_))) => self.stopped_in_flight(0).await,
+            Err(_) => self.stopped_in_flight(0).await,
         }
     }
 
