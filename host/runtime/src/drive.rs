@@ -70,9 +70,10 @@ pub(crate) struct Cover {
 }
 
 impl Cover {
-    /// `future`, with each of its polls starting at the mark. Only for a future polled within
-    /// the owner's future, whose every poll polls `future` last, and after which that poll
-    /// polls nothing that a wake before it could have been for.
+    /// `future`, each of whose polls starts at the mark. Sound only where, in each poll of the
+    /// owner's future, everything a wake can be for is polled after the mark's last pass: in
+    /// `supervise`, wasmtime's loop polls the host's side first, then its own futures and
+    /// work, and goes round again while any made progress; the kill timer is polled after.
     pub(crate) async fn polling<F: Future>(&self, future: F) -> F::Output {
         let mut future = std::pin::pin!(future);
         std::future::poll_fn(|cx| {
