@@ -1,4 +1,4 @@
-//! The Store-owner's future, polled by whichever task gets to it first.
+//! A future polled by whichever task gets to it first: a Store-owner's, or a log reader's.
 //!
 //! A task of its own (the driver) polls the future whenever something it waits on wakes it.
 //! A caller that submits a call does not wake the driver and wait for it: if nobody is polling
@@ -12,6 +12,11 @@
 //! so no wake is lost, and the driver runs only for what no caller is there to see. A wake
 //! that a later part of the same poll already saw needs no second poll: the future marks the
 //! point of its poll after which everything a wake can be for is polled ([`Cover`]).
+//!
+//! A task about to wait on what the future produces can [`Owner::help`]: when the future was
+//! woken and nobody polls it yet, it is polled there and then, and what it produces is ready
+//! before the task waits (a live log read takes its entry from the instance's stream, through
+//! its reader, in the reading task's own poll); the driver, woken too, finds nothing left.
 
 use std::cell::UnsafeCell;
 use std::future::Future;
@@ -29,8 +34,8 @@ const WOKEN: u8 = 2;
 /// it leaves the rest to the driver (a future that keeps waking itself must not hold a caller).
 const REPOLLS: usize = 4;
 
-/// The future a Store-owner runs for its life.
-pub(crate) type OwnerFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// The future an owner polls for its life.
+pub type OwnerFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The wake state, and the driver task's waker once it first ran.
 struct Signal {
@@ -65,7 +70,7 @@ impl Signal {
 /// can be for is still polled in that same poll: a wake that came before the mark needs no
 /// second poll (a trivial call's answer wakes the owner's future within its poll; without the
 /// mark, every call paid one more poll of the whole future, which then found nothing to do).
-pub(crate) struct Cover {
+pub struct Cover {
     signal: Arc<Signal>,
 }
 
@@ -96,8 +101,9 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A Store-owner's future, shared by its driver task and the callers that submit to it.
-pub(crate) struct Owner {
+/// A future shared by its driver task and the tasks that submit to it or wait on it, polled by
+/// whichever of them gets to it first: a Store-owner's, or a log reader's.
+pub struct Owner {
     signal: Arc<Signal>,
     /// The waker every poll uses (wakes [`Signal`]).
     waker: Waker,
@@ -111,7 +117,7 @@ unsafe impl Sync for Owner {}
 
 impl Owner {
     /// Share the future `make` returns (given its [`Cover`]) and spawn its driver task.
-    pub(crate) fn spawn(make: impl FnOnce(Cover) -> OwnerFuture) -> Arc<Self> {
+    pub fn spawn(make: impl FnOnce(Cover) -> OwnerFuture) -> Arc<Self> {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
             driver: OnceLock::new(),
@@ -125,16 +131,42 @@ impl Owner {
             future: UnsafeCell::new(Some(future)),
         });
         let driven = owner.clone();
+        let mut started = false;
         tokio::spawn(std::future::poll_fn(move |cx| {
             driven.signal.driver.get_or_init(|| cx.waker().clone());
-            match driven.acquire() {
+            let before = driven.signal.state.fetch_or(HELD, SeqCst);
+            if before & HELD != 0 {
                 // Held: the holder polls (again) before it lets go.
+                return Poll::Pending;
+            }
+            // Not woken since the last poll began: a task that helped ([`Owner::help`]) did
+            // what this one was woken for. Let go, unless a wake came meanwhile.
+            if started
+                && before & WOKEN == 0
+                && driven
+                    .signal
+                    .state
+                    .compare_exchange(HELD, 0, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                return Poll::Pending;
+            }
+            started = true;
+            match driven.poll_held() {
+                true => Poll::Ready(()),
                 false => Poll::Pending,
-                true if driven.poll_held() => Poll::Ready(()),
-                true => Poll::Pending,
             }
         }));
         owner
+    }
+
+    /// Poll the future here if it was woken and nobody polls it now, instead of leaving it to
+    /// the driver task: a task about to wait on what the future produces gets it without a
+    /// hand-over (and a wake of another thread) in between. Nothing when it was not woken.
+    pub fn help(&self) {
+        if self.signal.state.load(SeqCst) == WOKEN {
+            drop(self.hold());
+        }
     }
 
     /// Hold the future if nobody polls it now (`None`: another task does, and its poll sees
@@ -171,7 +203,7 @@ impl Owner {
                 // it goes on (its call, like every waiting one, answers that the adapter closed).
                 Err(panic) => {
                     tracing::error!(
-                        "the Store-owner panicked: {}; its instance is gone",
+                        "a shared future (a Store-owner's or a reader's) panicked: {}; it is gone",
                         panic_text(&*panic)
                     );
                     return self.finish(slot);
@@ -294,6 +326,48 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(polls.load(SeqCst), 4, "and nothing left for the driver");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_helper_polls_a_woken_future_on_its_own_task_and_the_driver_then_skips_its_poll() {
+        let (tx, mut rx) = mpsc::channel::<u64>(16);
+        let (polls, seen) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (counted, got) = (polls.clone(), seen.clone());
+        let owner = Owner::spawn(|_| {
+            Box::pin(async move {
+                std::future::poll_fn(|cx| {
+                    counted.fetch_add(1, SeqCst);
+                    while let Poll::Ready(Some(n)) = rx.poll_recv(cx) {
+                        got.fetch_add(n as usize, SeqCst);
+                    }
+                    Poll::<()>::Pending
+                })
+                .await
+            })
+        });
+        // The driver's first poll.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(polls.load(SeqCst), 1);
+        owner.help();
+        assert_eq!(polls.load(SeqCst), 1, "not woken: no poll");
+        // The send wakes the future; on this one thread the driver cannot run before the help.
+        tx.try_send(7).unwrap();
+        owner.help();
+        assert_eq!(seen.load(SeqCst), 7, "taken within the helper's poll");
+        assert_eq!(polls.load(SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            polls.load(SeqCst),
+            2,
+            "the driver, woken too, found nothing to poll for"
+        );
+        tx.try_send(5).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            (seen.load(SeqCst), polls.load(SeqCst)),
+            (12, 3),
+            "unhelped: the driver polls"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

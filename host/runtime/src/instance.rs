@@ -277,6 +277,12 @@ impl AdapterInstance {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
+    /// The Store-owner of this instance, for a task that waits on what the instance produces
+    /// to [`Owner::help`] (holding it does not keep the instance open).
+    pub fn owner(&self) -> Arc<Owner> {
+        self.owner.clone()
+    }
+
     /// Queue `job` here, or at the successor once this instance was retired.
     async fn submit(&self, job: Job) -> Result<()> {
         match self.submit_here(job) {

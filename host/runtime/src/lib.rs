@@ -11,7 +11,7 @@ pub mod bindings;
 pub mod budget;
 pub mod cache;
 mod calls;
-mod drive;
+pub mod drive;
 pub mod driver;
 pub mod error;
 pub mod faults;

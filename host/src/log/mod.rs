@@ -16,10 +16,11 @@ mod tail;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
+use crate::runtime::drive::Owner;
 use crate::runtime::pages::PageSize;
 use crate::slot::Held;
 use feeds::Feed;
@@ -277,12 +278,15 @@ impl Log {
             out,
             pending: Vec::new(),
         });
-        let handle = tokio::spawn(task.run(first_page));
+        let (stop, stopped) = oneshot::channel();
+        let task = Owner::spawn(|_| Box::pin(task.run_until(first_page, stopped)));
         Ok(Reader {
             rx,
             ready: Vec::new().into_iter(),
             position,
-            task: handle,
+            task,
+            instance: adapter.owner(),
+            _stop: stop,
         })
     }
 }

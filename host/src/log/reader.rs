@@ -2,10 +2,11 @@
 //! the shared live tail by position.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::feeds::{FeedGuard, Logs};
 use super::offsets::Offsets;
@@ -14,6 +15,7 @@ use super::{Entry, Position, RETRY_PAUSE, TRANSIENT_RETRIES};
 use crate::bindings::{log as wit, types};
 use crate::error::{Error, Result};
 use crate::runtime::AdapterInstance;
+use crate::runtime::drive::Owner;
 use crate::runtime::pages::{PageSize, entry_bytes};
 use crate::slot::Held;
 
@@ -30,7 +32,13 @@ pub struct Reader {
     /// The rest of the batch being yielded.
     pub(super) ready: std::vec::IntoIter<Entry>,
     pub(super) position: Option<Position>,
-    pub(super) task: tokio::task::JoinHandle<()>,
+    /// The reader's task (its `ReaderTask`), polled by its driver or, when it was woken, by
+    /// this reader's own poll.
+    pub(super) task: Arc<Owner>,
+    /// The instance whose stream feeds the read's shared tail.
+    pub(super) instance: Arc<Owner>,
+    /// Dropped with the reader: ends its task.
+    pub(super) _stop: oneshot::Sender<()>,
 }
 
 impl std::fmt::Debug for Reader {
@@ -58,22 +66,26 @@ impl Stream for Reader {
     type Item = Result<Entry>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut helped = false;
         loop {
             if let Some(entry) = self.ready.next() {
                 return Poll::Ready(Some(Ok(entry)));
             }
-            match std::task::ready!(self.rx.poll_recv(cx)).map(|batch| *batch) {
-                Some(Ok(batch)) => self.ready = batch.into_iter(),
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => return Poll::Ready(None),
+            match self.rx.poll_recv(cx).map(|batch| batch.map(|batch| *batch)) {
+                Poll::Ready(Some(Ok(batch))) => self.ready = batch.into_iter(),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending if helped => return Poll::Pending,
+                // What the next batch waits on, when it was woken and nobody polls it: the
+                // instance (its stream into the shared tail), then this reader's task. Polled
+                // here, an entry on its way needs no hand-over to their driver tasks.
+                Poll::Pending => {
+                    self.instance.help();
+                    self.task.help();
+                    helped = true;
+                }
             }
         }
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -143,7 +155,20 @@ impl ReaderTask {
     /// fails. What an idle reader's task does not wait on is boxed — the task itself, the
     /// first page, catch-up and rejoin (each holds an adapter call's state) — so the task that
     /// waits on the tail holds little more than that wait: inline, they made it 840 bytes.
-    pub(super) async fn run(mut self: Box<Self>, first_page: Option<wit::Page>) {
+    /// [`Self::run`] until `stop` fires (the reader was dropped).
+    pub(super) async fn run_until(
+        self: Box<Self>,
+        first_page: Option<wit::Page>,
+        stop: oneshot::Receiver<()>,
+    ) {
+        tokio::select! {
+            biased;
+            _ = stop => {}
+            () = self.run(first_page) => {}
+        }
+    }
+
+    async fn run(mut self: Box<Self>, first_page: Option<wit::Page>) {
         if let Some(page) = first_page
             && Box::pin(self.start_from(page)).await.is_err()
         {
