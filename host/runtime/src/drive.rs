@@ -134,21 +134,13 @@ impl Owner {
         let mut started = false;
         tokio::spawn(std::future::poll_fn(move |cx| {
             driven.signal.driver.get_or_init(|| cx.waker().clone());
-            let before = driven.signal.state.fetch_or(HELD, SeqCst);
-            if before & HELD != 0 {
+            let Some(woken) = driven.acquire() else {
                 // Held: the holder polls (again) before it lets go.
                 return Poll::Pending;
-            }
+            };
             // Not woken since the last poll began: a task that helped ([`Owner::help`]) did
             // what this one was woken for. Let go, unless a wake came meanwhile.
-            if started
-                && before & WOKEN == 0
-                && driven
-                    .signal
-                    .state
-                    .compare_exchange(HELD, 0, SeqCst, SeqCst)
-                    .is_ok()
-            {
+            if started && !woken && driven.release_unwoken() {
                 return Poll::Pending;
             }
             started = true;
@@ -173,12 +165,22 @@ impl Owner {
     /// what is submitted meanwhile). The holder submits (that wake does not go to the driver)
     /// and the future is polled here when the [`Held`] drops. Never hold it across an await.
     pub(crate) fn hold(&self) -> Option<Held<'_>> {
-        self.acquire().then(|| Held { owner: self })
+        self.acquire().map(|_| Held { owner: self })
     }
 
-    /// Take the future for polling; false when another task holds it.
-    fn acquire(&self) -> bool {
-        self.signal.state.fetch_or(HELD, SeqCst) & HELD == 0
+    /// Take the future for polling: whether it was woken since its last poll began; `None`
+    /// when another task holds it.
+    fn acquire(&self) -> Option<bool> {
+        let before = self.signal.state.fetch_or(HELD, SeqCst);
+        (before & HELD == 0).then_some(before & WOKEN != 0)
+    }
+
+    /// Let the future go unpolled; false (still held) when a wake came since it was taken.
+    fn release_unwoken(&self) -> bool {
+        self.signal
+            .state
+            .compare_exchange(HELD, 0, SeqCst, SeqCst)
+            .is_ok()
     }
 
     /// Poll the held future until no wake came during the poll (at most [`REPOLLS`] times),
@@ -209,12 +211,7 @@ impl Owner {
                     return self.finish(slot);
                 }
             }
-            if self
-                .signal
-                .state
-                .compare_exchange(HELD, 0, SeqCst, SeqCst)
-                .is_ok()
-            {
+            if self.release_unwoken() {
                 return false;
             }
         }

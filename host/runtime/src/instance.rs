@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -362,12 +363,9 @@ impl AdapterInstance {
         // Most calls into an idle instance are answered right here, within this task's poll of
         // the owner: those need no timer.
         let queued = match self.submit_here(job) {
-            Ok(()) => match rx.try_recv() {
-                Ok(answer) => return self.answered(Ok(answer)).await,
-                Err(oneshot::error::TryRecvError::Empty) => None,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    return self.stopped_in_flight(0).await;
-                }
+            Ok(()) => match (&mut rx).now_or_never() {
+                Some(got) => return self.answered(got).await,
+                None => None,
             },
             Err(job) => Some(job),
         };

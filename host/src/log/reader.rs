@@ -151,10 +151,6 @@ pub(super) struct ReaderTask {
 }
 
 impl ReaderTask {
-    /// Deliver `first_page`, then follow the shared tail until the consumer goes or the read
-    /// fails. What an idle reader's task does not wait on is boxed — the task itself, the
-    /// first page, catch-up and rejoin (each holds an adapter call's state) — so the task that
-    /// waits on the tail holds little more than that wait: inline, they made it 840 bytes.
     /// [`Self::run`] until `stop` fires (the reader was dropped).
     pub(super) async fn run_until(
         self: Box<Self>,
@@ -168,6 +164,10 @@ impl ReaderTask {
         }
     }
 
+    /// Deliver `first_page`, then follow the shared tail until the consumer goes or the read
+    /// fails. What an idle reader's task does not wait on is boxed — the task itself, the
+    /// first page, catch-up and rejoin (each holds an adapter call's state) — so the task that
+    /// waits on the tail holds little more than that wait: inline, they made it 840 bytes.
     async fn run(mut self: Box<Self>, first_page: Option<wit::Page>) {
         if let Some(page) = first_page
             && Box::pin(self.start_from(page)).await.is_err()
