@@ -1,5 +1,6 @@
 //! The component runtime: capability discovery, refused imports, traps, the CPU slice, the
-//! wall-clock timeout, concurrency inside one instance, and the compile cache.
+//! wall-clock timeout, concurrency inside one instance, the compile cache, and calls from
+//! another runtime.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,4 +176,43 @@ async fn the_second_load_of_a_file_comes_from_the_cache() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     let _ = Arc::new(second);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_call_from_another_runtime_that_ends_leaves_the_instance_whole() {
+    let broker = probe(Limits::default()).await;
+    let adapter = broker.adapter();
+    adapter
+        .log_append("x".into(), vec![record()])
+        .await
+        .unwrap();
+    // A thread with a runtime of its own calls while the instance is idle (so it polls the
+    // instance itself), gives up on the call while the guest awaits the host's sleep, and
+    // shuts its runtime down.
+    let other_adapter = adapter.clone();
+    std::thread::spawn(move || {
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        other.block_on(async {
+            let call = other_adapter.log_append("sleep:300".into(), vec![record()]);
+            let gave_up = tokio::time::timeout(Duration::from_millis(50), call).await;
+            assert!(gave_up.is_err(), "the sleeping call was still on its way");
+        });
+    })
+    .join()
+    .unwrap();
+    // The sleep it started belongs to this runtime's timers, not to the one that ended: the
+    // instance goes on answering.
+    for _ in 0..3 {
+        let ids = adapter.log_append("x".into(), vec![record()]).await;
+        assert!(ids.is_ok(), "{ids:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ids = adapter.log_append("x".into(), vec![record()]).await;
+    assert!(
+        ids.is_ok(),
+        "after the abandoned call's sleep ran out: {ids:?}"
+    );
 }

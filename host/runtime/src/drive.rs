@@ -109,6 +109,10 @@ pub struct Owner {
     waker: Waker,
     /// `None` once the future finished (or panicked: logged, not passed on to the poller).
     future: UnsafeCell<Option<OwnerFuture>>,
+    /// The runtime the owner was spawned on: every poll enters it, so the timers and sockets
+    /// the future makes belong to it even when a task of another runtime polls (they would
+    /// fail once that runtime shuts down, and the owner with them).
+    runtime: tokio::runtime::Handle,
 }
 
 // SAFETY: `future` is only touched by the one task that set `HELD` (acquired and released with
@@ -116,7 +120,8 @@ pub struct Owner {
 unsafe impl Sync for Owner {}
 
 impl Owner {
-    /// Share the future `make` returns (given its [`Cover`]) and spawn its driver task.
+    /// Share the future `make` returns (given its [`Cover`]) and spawn its driver task on the
+    /// current runtime, the one the future is polled in whichever task polls it.
     pub fn spawn(make: impl FnOnce(Cover) -> OwnerFuture) -> Arc<Self> {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
@@ -129,6 +134,7 @@ impl Owner {
             waker: Waker::from(signal.clone()),
             signal,
             future: UnsafeCell::new(Some(future)),
+            runtime: tokio::runtime::Handle::current(),
         });
         let driven = owner.clone();
         let mut started = false;
@@ -187,6 +193,7 @@ impl Owner {
     /// then let it go. True when the future has finished.
     fn poll_held(&self) -> bool {
         let mut cx = Context::from_waker(&self.waker);
+        let _runtime = self.runtime.enter();
         for _ in 0..REPOLLS {
             // This poll covers every wake so far.
             self.signal.state.store(HELD, SeqCst);
@@ -375,6 +382,48 @@ mod tests {
         let (answer, mut rx) = oneshot::channel();
         submit(&owner, &tx, (21, answer)).await;
         assert_eq!(rx.try_recv(), Ok(42), "answered before the caller waited");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_a_poll_from_another_runtime_makes_belongs_to_the_owners_runtime() {
+        // Each request waits for a tick of an interval made at the first request (as the
+        // Store-owner's heartbeat and a job's sleeps are made inside its future's poll).
+        let (tx, mut rx) = mpsc::channel::<Request>(16);
+        let owner = Owner::spawn(|_| {
+            Box::pin(async move {
+                let mut ticks = None;
+                while let Some((n, answer)) = rx.recv().await {
+                    let interval = ticks
+                        .get_or_insert_with(|| tokio::time::interval(Duration::from_millis(1)));
+                    interval.tick().await;
+                    let _ = answer.send(n * 2);
+                }
+            })
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The first request comes from a runtime of its own, on a thread of its own, which then
+        // shuts down: its poll of the future made the interval.
+        let (other_owner, other_tx) = (owner.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let other = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            other.block_on(async {
+                let (answer, rx) = oneshot::channel();
+                submit(&other_owner, &other_tx, (1, answer)).await;
+                assert_eq!(rx.await.unwrap(), 2);
+            });
+        })
+        .join()
+        .unwrap();
+        // Its interval still ticks: it was made in the owner's runtime, not the one that ended.
+        for n in 2..5 {
+            let (answer, rx) = oneshot::channel();
+            submit(&owner, &tx, (n, answer)).await;
+            let got = tokio::time::timeout(Duration::from_secs(5), rx).await;
+            assert_eq!(got.expect("answered").expect("the owner lives"), n * 2);
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
