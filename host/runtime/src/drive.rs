@@ -18,12 +18,12 @@
 //! before the task waits (a live log read takes its entry from the instance's stream, through
 //! its reader, in the reading task's own poll); the driver, woken too, finds nothing left.
 
-use std::cell::UnsafeCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Set while one task polls the future (the future is only touched by the holder of this bit).
@@ -34,6 +34,10 @@ const WOKEN: u8 = 2;
 /// it leaves the rest to the driver (a future that keeps waking itself must not hold a caller).
 const REPOLLS: usize = 4;
 
+/// How many owners a holder polls after its own, woken by its poll (see [`Nearby`]), before it
+/// leaves the rest to their drivers.
+const NEARBY_HELPS: usize = 8;
+
 /// The future an owner polls for its life.
 pub type OwnerFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -41,6 +45,8 @@ pub type OwnerFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Signal {
     state: AtomicU8,
     driver: OnceLock<Waker>,
+    /// The owner this signal wakes, for a holder that polls it next (see [`Nearby`]).
+    owner: OnceLock<Weak<Owner>>,
 }
 
 impl Wake for Signal {
@@ -49,9 +55,10 @@ impl Wake for Signal {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        // Nobody holds the future and nobody was woken yet: the driver polls it. (While it is
-        // held, the holder sees `WOKEN` and polls again.)
-        if self.state.fetch_or(WOKEN, SeqCst) == 0 {
+        // Nobody holds the future and nobody was woken yet: the driver polls it, or the task
+        // whose poll of another owner woke this one, right after. (While it is held, the holder
+        // sees `WOKEN` and polls again.)
+        if self.state.fetch_or(WOKEN, SeqCst) == 0 && !Nearby::defer(self) {
             self.wake_driver();
         }
     }
@@ -62,6 +69,76 @@ impl Signal {
         // Before its first run the driver has no waker here; that first run polls anyway.
         if let Some(driver) = self.driver.get() {
             driver.wake_by_ref();
+        }
+    }
+}
+
+/// Owners woken by the poll a task holds, polled by that task once its own poll is done,
+/// instead of each by its driver task: one instance's poll that hands something to another
+/// (a memory broker's send to another instance's listener, an append to a topic another
+/// instance's tail reads, the tail to its readers) goes on in the same task, with no hop to a
+/// driver. A hop from within a task's poll takes tokio's LIFO slot, and once that is taken (or
+/// used three times in a row) wakes a parked worker across threads: most of a request/reply's
+/// and a live read's wakes of another thread were such hops (BENCHMARKS.md).
+struct Nearby;
+
+thread_local! {
+    /// `Some` while this thread holds an owner's poll: the owners it woke, to poll next.
+    static NEARBY: RefCell<Option<Vec<Arc<Signal>>>> = const { RefCell::new(None) };
+}
+
+impl Nearby {
+    /// Leave `signal`'s owner to the task whose held poll woke it; false when this thread holds
+    /// no poll (or has enough waiting already).
+    fn defer(signal: &Arc<Signal>) -> bool {
+        NEARBY.with(|nearby| match nearby.borrow_mut().as_mut() {
+            Some(woken) if woken.len() < NEARBY_HELPS => {
+                woken.push(signal.clone());
+                true
+            }
+            _ => false,
+        })
+    }
+
+    /// Collect the owners this thread's polls wake until the returned guard drops, which polls
+    /// them; `None` when an outer poll on this thread already collects (it polls them).
+    fn collect() -> Option<NearbyGuard> {
+        NEARBY.with(|nearby| {
+            let mut nearby = nearby.borrow_mut();
+            nearby.is_none().then(|| {
+                *nearby = Some(Vec::new());
+                NearbyGuard
+            })
+        })
+    }
+
+    /// The next woken owner to poll, in the order they were woken.
+    fn next() -> Option<Arc<Signal>> {
+        NEARBY.with(|nearby| {
+            let mut nearby = nearby.borrow_mut();
+            let woken = nearby.as_mut()?;
+            (!woken.is_empty()).then(|| woken.remove(0))
+        })
+    }
+}
+
+/// Polls the owners woken while it lived (at most [`NEARBY_HELPS`]; what their polls wake
+/// too), then stops collecting and wakes the drivers of any left.
+struct NearbyGuard;
+
+impl Drop for NearbyGuard {
+    fn drop(&mut self) {
+        for _ in 0..NEARBY_HELPS {
+            let Some(signal) = Nearby::next() else { break };
+            match signal.owner.get().and_then(Weak::upgrade) {
+                // Polled here unless another task holds it (it sees the wake) or polled it.
+                Some(owner) => owner.help(),
+                None => signal.wake_driver(),
+            }
+        }
+        let left = NEARBY.with(|nearby| nearby.borrow_mut().take());
+        for signal in left.into_iter().flatten() {
+            signal.wake_driver();
         }
     }
 }
@@ -126,6 +203,7 @@ impl Owner {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
             driver: OnceLock::new(),
+            owner: OnceLock::new(),
         });
         let future = make(Cover {
             signal: signal.clone(),
@@ -136,6 +214,7 @@ impl Owner {
             future: UnsafeCell::new(Some(future)),
             runtime: tokio::runtime::Handle::current(),
         });
+        let _ = owner.signal.owner.set(Arc::downgrade(&owner));
         let driven = owner.clone();
         let mut started = false;
         tokio::spawn(std::future::poll_fn(move |cx| {
@@ -190,8 +269,15 @@ impl Owner {
     }
 
     /// Poll the held future until no wake came during the poll (at most [`REPOLLS`] times),
-    /// then let it go. True when the future has finished.
+    /// then let it go, and poll the owners it woke ([`Nearby`]). True when the future has
+    /// finished.
     fn poll_held(&self) -> bool {
+        let _nearby = Nearby::collect();
+        self.poll_held_here()
+    }
+
+    /// [`Owner::poll_held`] without the owners it woke.
+    fn poll_held_here(&self) -> bool {
         let mut cx = Context::from_waker(&self.waker);
         let _runtime = self.runtime.enter();
         for _ in 0..REPOLLS {
@@ -424,6 +510,56 @@ mod tests {
             let got = tokio::time::timeout(Duration::from_secs(5), rx).await;
             assert_eq!(got.expect("answered").expect("the owner lives"), n * 2);
         }
+    }
+
+    /// A chain of `len` owners: each passes every number it gets on to the next, the last
+    /// adds it to the returned total. The first owner's sender.
+    fn chain(len: usize) -> (Vec<Arc<Owner>>, mpsc::Sender<u64>, Arc<AtomicUsize>) {
+        let total = Arc::new(AtomicUsize::new(0));
+        let (first, mut rx) = mpsc::channel::<u64>(16);
+        let mut owners = Vec::new();
+        for at in 0..len {
+            let (tx, next_rx) = mpsc::channel::<u64>(16);
+            let mut this_rx = std::mem::replace(&mut rx, next_rx);
+            let last = (at + 1 == len).then(|| total.clone());
+            owners.push(Owner::spawn(|_| {
+                Box::pin(async move {
+                    while let Some(n) = this_rx.recv().await {
+                        match &last {
+                            Some(total) => drop(total.fetch_add(n as usize, SeqCst)),
+                            None => tx.try_send(n).unwrap(),
+                        }
+                    }
+                })
+            }));
+        }
+        (owners, first, total)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn owners_a_held_poll_wakes_are_polled_by_the_holder_and_the_rest_by_their_drivers() {
+        let (owners, first, total) = chain(3);
+        // Every driver's first poll.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let held = owners[0].hold().expect("idle");
+        first.try_send(5).unwrap();
+        drop(held);
+        // On this one thread no driver ran in between: the holder polled the second owner,
+        // whose poll woke the third, polled by the holder too.
+        assert_eq!(
+            total.load(SeqCst),
+            5,
+            "through the chain within the holder's poll"
+        );
+        // A chain longer than the holder polls: the rest goes on through the drivers.
+        let (owners, first, total) = chain(NEARBY_HELPS + 4);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let held = owners[0].hold().expect("idle");
+        first.try_send(7).unwrap();
+        drop(held);
+        assert_eq!(total.load(SeqCst), 0, "past what the holder polls");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(total.load(SeqCst), 7, "the drivers took it from there");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
