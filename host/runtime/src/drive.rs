@@ -17,6 +17,10 @@
 //! woken and nobody polls it yet, it is polled there and then, and what it produces is ready
 //! before the task waits (a live log read takes its entry from the instance's stream, through
 //! its reader, in the reading task's own poll); the driver, woken too, finds nothing left.
+//!
+//! Owners that a held poll wakes are polled by the holder once its poll is done, not by their
+//! drivers ([`Nearby`]): what one instance hands to another goes on in the same task. Every
+//! future is polled in the runtime its owner was spawned on, whoever polls it.
 
 use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
