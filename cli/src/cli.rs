@@ -12,8 +12,9 @@ use clap::{Parser, Subcommand};
 #[command(name = "wrpc-broker", version, about)]
 pub struct Cli {
     /// Worker threads of the host's runtime (default: one per core, or `TOKIO_WORKER_THREADS`).
-    /// A call into an idle instance is answered on its caller's task, but batches, tails,
-    /// deliveries and a broker's replies still hop between tasks; on a machine with few cores,
+    /// A call into an idle instance is answered on its caller's task, and a tail's entries go
+    /// on in the task that produced them, but batches, handlers, deliveries and a broker's
+    /// replies still hop between tasks; on a machine with few cores,
     /// fewer workers means fewer of those hops wake a parked thread (BENCHMARKS.md, its
     /// section on `--workers`).
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
