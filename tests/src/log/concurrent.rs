@@ -117,9 +117,8 @@ pub(super) async fn appends_behind_a_dropped_one_still_land(f: Factory) -> anyho
     // One poll puts an append in flight: the appends below find it there and wait behind it.
     // An instance with nothing else to do answers within that first poll (then it landed, and
     // another goes), so appends to another topic keep it busy meanwhile, from a thread of
-    // their own: they run beside this task, however busy this runtime's workers are. (On this
-    // runtime's handle: a runtime of the thread's own would lend its timers to the instance's
-    // owner, polled there, and they would fail once that runtime shut down.)
+    // their own: they run beside this task, however busy this runtime's workers are (on this
+    // runtime's handle, as the calls of an application with one runtime).
     let stop = Arc::new(AtomicBool::new(false));
     let busy = {
         let (log, stop, other) = (log.clone(), stop.clone(), unique("dropped-busy"));
