@@ -1,6 +1,9 @@
 //! Names the adapter mints (consumer names, inboxes, groups, message ids) come from the host's
 //! generator, used verbatim: never truncated, never re-encoded.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 use crate::{Error, host};
 
 /// A fresh unique id from the operator's generator.
@@ -14,8 +17,51 @@ pub fn prefixed(prefix: &str) -> String {
 }
 
 /// Encode `name` into a broker alphabet injectively (the host's one implementation).
+///
+/// Answers are remembered (at most [`TOKENS_REMEMBERED`] names of at most
+/// [`TOKEN_NAME_REMEMBERED`] bytes, forgotten all at once when full): an adapter encodes the
+/// same topic on every operation, and each import call costs a crossing of the boundary. The
+/// encoding is a pure function of its arguments, so a remembered answer is the host's answer.
 pub fn encode_token(name: &str, safe: &str, escape: char, max_len: u32) -> Result<String, Error> {
-    host::encode_token(name, safe, &escape.to_string(), max_len)
+    let ask = || host::encode_token(name, safe, escape.encode_utf8(&mut [0; 4]), max_len);
+    if name.len() > TOKEN_NAME_REMEMBERED {
+        return ask();
+    }
+    TOKENS.with_borrow_mut(|alphabets| {
+        let at = match alphabets
+            .iter()
+            .position(|(s, e, m, _)| s == safe && *e == escape && *m == max_len)
+        {
+            Some(at) => at,
+            None => {
+                alphabets.push((safe.to_string(), escape, max_len, BTreeMap::new()));
+                alphabets.len() - 1
+            }
+        };
+        let tokens = &mut alphabets[at].3;
+        if let Some(token) = tokens.get(name) {
+            return Ok(token.clone());
+        }
+        let token = ask()?;
+        if tokens.len() >= TOKENS_REMEMBERED {
+            tokens.clear();
+        }
+        tokens.insert(name.to_string(), token.clone());
+        Ok(token)
+    })
+}
+
+/// How many encoded names [`encode_token`] remembers per alphabet.
+pub const TOKENS_REMEMBERED: usize = 256;
+/// The longest name (in bytes) [`encode_token`] remembers.
+pub const TOKEN_NAME_REMEMBERED: usize = 256;
+
+/// Per alphabet (safe bytes, escape, longest encoding): the names encoded in it.
+type Tokens = Vec<(String, char, u32, BTreeMap<String, String>)>;
+
+thread_local! {
+    /// What [`encode_token`] remembers.
+    static TOKENS: RefCell<Tokens> = const { RefCell::new(Vec::new()) };
 }
 
 /// Whether `text` is a valid log epoch: `[A-Za-z0-9_-]+`.
