@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::rc::Rc;
 
 use futures::future::{Either, select};
@@ -96,6 +96,20 @@ impl Inbox {
                 select(woken, timer).await;
             }
         }
+    }
+
+    /// Wait until a delivery is there, the stream ended, or `timer` fired (true). The timer is
+    /// only polled: one that did not fire serves the caller's next wait too, so a loop waiting
+    /// for each delivery starts a host timer per period, not per delivery. Replace a timer
+    /// that fired before passing it again.
+    pub(crate) async fn wait_on<F: Future<Output = ()>>(&self, timer: Pin<&mut F>) -> bool {
+        if !self.arrived.borrow().is_empty() || self.ended.get() {
+            return false;
+        }
+        matches!(
+            select(pin!(self.wake.notified()), timer).await,
+            Either::Right(_)
+        )
     }
 
     /// The next delivery, waiting up to `ms`; none on timeout or when the stream ended.

@@ -5,10 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::pin::pin;
 use std::rc::Rc;
-
-use futures::future::{Either, select};
 
 use super::{
     APPENDERS, DECLARED, FIRST_WAIT_MS, NON_EMPTY, Reading, epoch, marker, non_empty, offset,
@@ -22,6 +19,8 @@ use wrpc_broker_guest::{Error, host};
 
 /// How long an append waits for its read-back.
 const READ_BACK_MS: u64 = 10_000;
+/// The read-back task looks at least this often (milliseconds), and wakes the appends waiting.
+const TICK_MS: u32 = 1_000;
 
 /// One topic's appender on this instance: the epoch, and the read-back consumer that tells
 /// each appended entry's offset.
@@ -133,10 +132,15 @@ impl Appender {
         }
     }
 
-    /// Note the offset of each pending append the read-back consumer sees.
+    /// Note the offset of each pending append the read-back consumer sees; notify
+    /// `read_back` after each look, at least once per [`TICK_MS`] (the appends waiting count on
+    /// it for their deadline).
     async fn watch(self: Rc<Self>, reading: Reading) {
+        let mut tick = Box::pin(host::sleep(TICK_MS));
         while !reading.inbox.is_done() {
-            reading.inbox.wait(1_000, None).await;
+            if reading.inbox.wait_on(tick.as_mut()).await {
+                tick = Box::pin(host::sleep(TICK_MS));
+            }
             let mut pending = self.pending.borrow_mut();
             for d in reading.inbox.take(usize::MAX) {
                 if let Some(slot) = d
@@ -240,6 +244,7 @@ impl Appender {
     async fn offsets(&self, ids: &[String]) -> Result<Vec<u64>, Error> {
         let deadline = host::now_ms() + READ_BACK_MS;
         loop {
+            let woken = self.read_back.notified();
             let seen: Option<Vec<u64>> = {
                 let pending = self.pending.borrow();
                 ids.iter()
@@ -254,10 +259,9 @@ impl Appender {
                     "the appended entries were not read back (the stream consumer ended)",
                 ));
             }
-            let woken = pin!(self.read_back.notified());
-            if let Either::Right(_) = select(woken, pin!(host::sleep(500))).await {
-                continue;
-            }
+            // The read-back task notifies after each look and once per tick at least, and when
+            // it ends: no timer of its own per append.
+            woken.await;
         }
     }
 }

@@ -367,9 +367,13 @@ async fn follow(
     mut to: StreamWriter<Entry>,
 ) {
     let mut pending: Vec<Delivery> = first.into_iter().collect();
+    // One host timer per second, not one per wait (a live entry is a wait of its own).
+    let mut tick = Box::pin(host::sleep(1_000));
     loop {
         if pending.is_empty() {
-            reading.inbox.wait(1_000, None).await;
+            if reading.inbox.wait_on(tick.as_mut()).await {
+                tick = Box::pin(host::sleep(1_000));
+            }
             pending = reading.inbox.take(BATCH);
         }
         if pending.is_empty() {
