@@ -40,6 +40,9 @@ const GETS_IN_FLIGHT: usize = 64;
 const HEARTBEAT_MS: u32 = 1_000;
 /// A tail that hears nothing (not even a heartbeat) this long ends.
 const DEAF_MS: u32 = 3_500;
+/// Deafness is noticed after this many ticks of `DEAF_MS / QUIET_TICKS` without a message:
+/// between `DEAF_MS` and `DEAF_MS` and a tick of silence.
+const QUIET_TICKS: u32 = 4;
 
 /// What a read needs to know of a topic's stream.
 #[derive(Debug, Clone)]
@@ -370,11 +373,37 @@ async fn follow(
     mut to: wit_bindgen::StreamWriter<Entry>,
 ) {
     let mut size = ReadSize::default();
+    // Deafness is counted in ticks, so a live entry starts no host timer of its own: one timer
+    // per tick, and the read in flight goes on across ticks.
+    let mut tick = Box::pin(host::sleep(DEAF_MS / QUIET_TICKS));
+    let mut quiet = 0;
     let why = loop {
-        let read = pin!(size.read(&mut from));
-        let (result, batch) = match select(read, pin!(host::sleep(DEAF_MS))).await {
-            Either::Left((read, _)) => read,
-            Either::Right(_) => {
+        let heard = {
+            let mut read = pin!(size.read(&mut from));
+            loop {
+                let fired = match select(read.as_mut(), tick.as_mut()).await {
+                    Either::Left((read, _)) => Some(read),
+                    Either::Right(_) => None,
+                };
+                match fired {
+                    Some(read) => {
+                        quiet = 0;
+                        break Some(read);
+                    }
+                    None => {
+                        tick = Box::pin(host::sleep(DEAF_MS / QUIET_TICKS));
+                        quiet += 1;
+                        if quiet == QUIET_TICKS {
+                            quiet = 0;
+                            break None;
+                        }
+                    }
+                }
+            }
+        };
+        let (result, batch) = match heard {
+            Some(read) => read,
+            None => {
                 // The server lost the consumer (a restart forgets memory consumers) or the
                 // connection is down: a new consumer from where this tail stands, on the
                 // same subscription, so the reader sees nothing of it.

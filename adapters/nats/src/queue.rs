@@ -255,8 +255,9 @@ impl PullConsumer {
             if pull_done {
                 *self.pull.borrow_mut() = None;
             }
-            let now = host::now_ms();
+            // The clock only for a delayed copy: a host call per message is a crossing each.
             if let Some(due) = codec::number(&m.headers, codec::NOT_BEFORE)
+                && let now = host::now_ms()
                 && due > now
             {
                 nak(&ack, due - now).await;
