@@ -6,9 +6,11 @@
 //! after it is redelivered, never skipped, and the partition's older tags turn `stale`, as do
 //! a revoked partition's.
 //!
-//! Settlements of a batch run together: one commit at a time per partition, each covering
-//! the prefix settled by then; the settlement that starts a commit first yields, so the rest
-//! of its batch is off the ledger and a batch of acks costs one commit, not one each.
+//! Settlements of a batch run together: one commit at a time per member, covering the prefix
+//! settled by then of every assigned partition (one `commit` call for all of them, as a native
+//! consumer commits); the settlement that starts a commit first yields, so the rest of its
+//! batch is off the ledger and a batch of acks costs one commit, not one each (nor one per
+//! partition).
 //!
 //! After a seek, records the member fetched before it are still on their way (the member's
 //! event stream buffers them): until the record at the sought offset arrives, a partition's
@@ -59,8 +61,6 @@ struct Part {
     /// The offset the partition delivers next after a seek (a seek back, or the one that
     /// resumes a waiting partition): records before it arrives are the old fetch's.
     sought: Option<u64>,
-    /// A commit of this partition is on its way.
-    committing: bool,
 }
 
 /// The live group member.
@@ -78,6 +78,8 @@ pub(crate) struct KafkaConsumer {
     parts: RefCell<HashMap<Key, Part>>,
     ready: RefCell<VecDeque<Incoming>>,
     next_epoch: Cell<u64>,
+    /// A commit of this member is on its way.
+    committing: Cell<bool>,
     /// Fires when a commit ended.
     commits: Notify,
 }
@@ -110,6 +112,7 @@ impl KafkaConsumer {
             parts: RefCell::new(HashMap::new()),
             ready: RefCell::new(VecDeque::new()),
             next_epoch: Cell::new(1),
+            committing: Cell::new(false),
             commits: Notify::new(),
         }
     }
@@ -159,7 +162,6 @@ impl KafkaConsumer {
                             committed: None,
                             waiting: None,
                             sought: None,
-                            committing: false,
                         };
                         self.parts.borrow_mut().insert((t.topic, t.partition), part);
                     }
@@ -286,15 +288,14 @@ impl KafkaConsumer {
         };
         loop {
             let notified = self.commits.notified();
-            let starts_commit = {
+            {
                 let mut parts = self.parts.borrow_mut();
                 let part = incarnation(&mut parts, &key, held.epoch).ok_or_else(stale)?;
                 if part.committed.is_some_and(|c| c >= wanted) {
                     return Ok(());
                 }
-                !std::mem::replace(&mut part.committing, true)
-            };
-            if !starts_commit {
+            }
+            if self.committing.replace(true) {
                 notified.await;
                 continue;
             }
@@ -302,22 +303,46 @@ impl KafkaConsumer {
             // off the ledger first, so this commit covers the batch (not its first ack alone,
             // with a second commit for the rest after it).
             wit_bindgen::yield_async().await;
-            let target = incarnation(&mut self.parts.borrow_mut(), &key, held.epoch)
-                .map(|part| Self::prefix(part, held.offset));
-            let Some(target) = target else {
+            let targets = self.targets(&key, held);
+            let Some(targets) = targets else {
+                self.committing.set(false);
                 self.commits.notify();
                 return Err(stale());
             };
-            let committed = self.commit(&key, target).await;
-            if let Some(part) = incarnation(&mut self.parts.borrow_mut(), &key, held.epoch) {
-                part.committing = false;
-                if committed.is_ok() {
-                    part.committed = Some(part.committed.map_or(target, |c| c.max(target)));
+            let offsets = targets.iter().map(|(k, _, o)| (tp(k), *o)).collect();
+            let committed = self.commit(offsets).await;
+            if committed.is_ok() {
+                let mut parts = self.parts.borrow_mut();
+                for (k, epoch, offset) in targets {
+                    if let Some(part) = incarnation(&mut parts, &k, epoch) {
+                        part.committed = Some(part.committed.map_or(offset, |c| c.max(offset)));
+                    }
                 }
             }
+            self.committing.set(false);
             self.commits.notify();
             return committed;
         }
+    }
+
+    /// What a commit started by the settlement of `held` (on `key`) covers: the settled
+    /// prefix of its partition, and of every other assigned partition whose prefix is past its
+    /// committed offset — with each partition's incarnation. None when `key` is no longer the
+    /// incarnation `held` came from.
+    fn targets(&self, key: &Key, held: &Handle) -> Option<Vec<(Key, u64, u64)>> {
+        let parts = self.parts.borrow();
+        let own = parts.get(key).filter(|p| p.epoch == held.epoch)?;
+        let mut targets = vec![(key.clone(), own.epoch, Self::prefix(own, held.offset))];
+        for (k, part) in parts.iter().filter(|(k, _)| *k != key) {
+            let Some(prefix) = part.held.first().copied().or(part.next) else {
+                continue;
+            };
+            if part.committed.is_some_and(|c| c >= prefix) {
+                continue;
+            }
+            targets.push((k.clone(), part.epoch, prefix));
+        }
+        Some(targets)
     }
 
     /// The offset `part` may commit: its lowest held one, or the next to deliver.
@@ -329,9 +354,9 @@ impl KafkaConsumer {
             .unwrap_or(settled + 1)
     }
 
-    /// Commit `offset` on `key`.
-    async fn commit(&self, key: &Key, offset: u64) -> Result<(), Error> {
-        client::commit(self.member_id()?, vec![(tp(key), offset)])
+    /// Commit these next offsets, in one call.
+    async fn commit(&self, offsets: Vec<(TopicPartition, u64)>) -> Result<(), Error> {
+        client::commit(self.member_id()?, offsets)
             .await
             .map_err(kafka_error)
     }
@@ -339,7 +364,7 @@ impl KafkaConsumer {
 
 impl queue::Broker for KafkaConsumer {
     type Handle = Handle;
-    // Acks of a batch settle together; their commits coalesce per partition (`settle`).
+    // Acks of a batch settle together; their commits coalesce into one per member (`settle`).
     const CONCURRENT_SETTLES: bool = true;
 
     fn keep_alive_ms(&self) -> u32 {
@@ -432,9 +457,8 @@ impl queue::Broker for KafkaConsumer {
             part.next = Some(back);
             part.waiting = None;
             part.sought = Some(back);
-            // A commit of the old incarnation may still be on its way; it no longer holds
-            // this one's settlements back.
-            part.committing = false;
+            // A commit on its way that covers the old incarnation does not count for this one
+            // (its result applies only to the incarnation it was made for).
             back
         };
         self.ready
