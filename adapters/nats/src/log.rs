@@ -40,8 +40,9 @@ const GETS_IN_FLIGHT: usize = 64;
 const HEARTBEAT_MS: u32 = 1_000;
 /// A tail that hears nothing (not even a heartbeat) this long ends.
 const DEAF_MS: u32 = 3_500;
-/// Deafness is noticed after this many ticks of `DEAF_MS / QUIET_TICKS` without a message:
-/// between `DEAF_MS` and `DEAF_MS` and a tick of silence.
+/// Deafness is noticed when more than this many ticks of `DEAF_MS / QUIET_TICKS` passed
+/// without a message (the first of them may have begun before the silence did): after
+/// `DEAF_MS` to `DEAF_MS` and one tick of silence.
 const QUIET_TICKS: u32 = 4;
 
 /// What a read needs to know of a topic's stream.
@@ -393,7 +394,7 @@ async fn follow(
                     None => {
                         tick = Box::pin(host::sleep(DEAF_MS / QUIET_TICKS));
                         quiet += 1;
-                        if quiet == QUIET_TICKS {
+                        if quiet > QUIET_TICKS {
                             quiet = 0;
                             break None;
                         }
