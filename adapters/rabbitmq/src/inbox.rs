@@ -98,18 +98,29 @@ impl Inbox {
         }
     }
 
-    /// Wait until a delivery is there, the stream ended, or `timer` fired (true). The timer is
-    /// only polled: one that did not fire serves the caller's next wait too, so a loop waiting
-    /// for each delivery starts a host timer per period, not per delivery. Replace a timer
-    /// that fired before passing it again.
-    pub(crate) async fn wait_on<F: Future<Output = ()>>(&self, timer: Pin<&mut F>) -> bool {
+    /// Wait until a delivery is there, the stream ended, `stop` is set, or `timer` fired
+    /// (true). The timer is only polled: one that did not fire serves the caller's next wait
+    /// too, so a loop waiting for each delivery starts a host timer per period, not per
+    /// delivery. Replace a timer that fired before passing it again.
+    pub(crate) async fn wait_on<F: Future<Output = ()> + ?Sized>(
+        &self,
+        timer: Pin<&mut F>,
+        stop: Option<&Latch>,
+    ) -> bool {
         if !self.arrived.borrow().is_empty() || self.ended.get() {
             return false;
         }
-        matches!(
-            select(pin!(self.wake.notified()), timer).await,
-            Either::Right(_)
-        )
+        let woken = pin!(self.wake.notified());
+        match stop {
+            Some(stop) => {
+                let stopped = pin!(stop.wait());
+                matches!(
+                    select(select(woken, timer), stopped).await,
+                    Either::Left((Either::Right(_), _))
+                )
+            }
+            None => matches!(select(woken, timer).await, Either::Right(_)),
+        }
     }
 
     /// The next delivery, waiting up to `ms`; none on timeout or when the stream ended.

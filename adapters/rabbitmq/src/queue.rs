@@ -21,6 +21,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
 use std::rc::{Rc, Weak};
 
 use wit_bindgen::StreamReader;
@@ -34,7 +35,7 @@ use crate::wrpc::amqp::client::{self, AmqpError, Confirm, FieldTable, FieldValue
 use crate::{Component, Config, channel, config};
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
 use wrpc_broker_guest::signal::Latch;
-use wrpc_broker_guest::{Error, Headers, Tag};
+use wrpc_broker_guest::{Error, Headers, Tag, host};
 
 wrpc_broker_guest::queue_conversions!(crate::exports::wrpc::broker::queue);
 
@@ -186,6 +187,9 @@ struct AmqpConsumer {
     prefetch: u16,
     live: RefCell<Option<Live>>,
     held: Rc<Held>,
+    /// The receive wait's host timer, kept across receives until it fires (a receive per
+    /// delivery at prefetch 1 would start and cancel one each).
+    tick: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
 }
 
 /// A delivery: its channel and delivery tag.
@@ -266,7 +270,14 @@ impl queue::Broker for AmqpConsumer {
             Some(l) => (l.channel, l.inbox.clone()),
             None => return Err(Error::unavailable("no consumer")),
         };
-        inbox.wait(RECEIVE_WAIT_MS, Some(stop)).await;
+        // An empty receive is asked again at once: a kept timer that fires early is harmless.
+        let mut tick = self
+            .tick
+            .take()
+            .unwrap_or_else(|| Box::pin(host::sleep(RECEIVE_WAIT_MS)));
+        if !inbox.wait_on(tick.as_mut(), Some(stop)).await {
+            *self.tick.borrow_mut() = Some(tick);
+        }
         let batch = inbox.take(room as usize);
         self.held.taken.set(self.held.taken.get() + batch.len());
         Ok(batch
@@ -369,6 +380,7 @@ impl Guest for Component {
             config,
             live: RefCell::new(None),
             held: Rc::new(Held::default()),
+            tick: RefCell::new(None),
         };
         consumer.connect().await?;
         HOLDERS.with_borrow_mut(|h| {

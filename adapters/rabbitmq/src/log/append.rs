@@ -138,7 +138,7 @@ impl Appender {
     async fn watch(self: Rc<Self>, reading: Reading) {
         let mut tick = Box::pin(host::sleep(TICK_MS));
         while !reading.inbox.is_done() {
-            if reading.inbox.wait_on(tick.as_mut()).await {
+            if reading.inbox.wait_on(tick.as_mut(), None).await {
                 tick = Box::pin(host::sleep(TICK_MS));
             }
             let mut pending = self.pending.borrow_mut();

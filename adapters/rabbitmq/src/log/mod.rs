@@ -371,7 +371,7 @@ async fn follow(
     let mut tick = Box::pin(host::sleep(1_000));
     loop {
         if pending.is_empty() {
-            if reading.inbox.wait_on(tick.as_mut()).await {
+            if reading.inbox.wait_on(tick.as_mut(), None).await {
                 tick = Box::pin(host::sleep(1_000));
             }
             pending = reading.inbox.take(BATCH);
