@@ -1,5 +1,6 @@
 //! Wake-ups between the tasks of one instance: a [`Latch`] that is set once (a stop signal, "this
-//! pump ended") and a [`Notify`] that can fire many times ("a delivery was settled").
+//! pump ended"), a [`Notify`] that can fire many times ("a delivery was settled") and a
+//! [`Ticker`], the host timer of a loop that waits for many things in turn.
 //!
 //! Both are single-threaded (`Rc`, like everything in a component instance). Waking a task
 //! that belongs to another export call needs `wit-bindgen`'s `inter-task-wakeup` feature,
@@ -7,6 +8,7 @@
 
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
@@ -99,6 +101,39 @@ impl Notify {
             } else {
                 state.1.park(cx);
                 Poll::Pending
+            }
+        })
+    }
+}
+
+/// A period of the host's clock that runs on across waits: a loop that races each wait against
+/// [`Ticker::tick`] starts one host timer per period, not one per wait (each a host call, a
+/// tokio timer and a cancelled subtask). One waiter at a time.
+pub struct Ticker {
+    ms: u32,
+    timer: RefCell<Pin<Box<dyn Future<Output = ()>>>>,
+}
+
+impl Ticker {
+    /// Periods of `ms` milliseconds, the first starting when it is first waited for.
+    pub fn new(ms: u32) -> Self {
+        Self {
+            ms,
+            timer: RefCell::new(Box::pin(crate::host::sleep(ms))),
+        }
+    }
+
+    /// Resolves when the current period ends, and starts the next one. Dropped before that,
+    /// the period goes on for the next `tick`.
+    pub fn tick(&self) -> impl Future<Output = ()> + '_ {
+        poll_fn(move |cx| {
+            let mut timer = self.timer.borrow_mut();
+            match timer.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    *timer = Box::pin(crate::host::sleep(self.ms));
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
             }
         })
     }

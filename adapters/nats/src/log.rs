@@ -32,6 +32,7 @@ use crate::wrpc::nats::client::{self, Message, Outgoing};
 use crate::{Component, Config, config};
 use wrpc_broker_guest::ids::{self, is_epoch};
 use wrpc_broker_guest::relay::ReadSize;
+use wrpc_broker_guest::signal::Ticker;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How many direct gets a page has in flight at once (one `request-all` call each).
@@ -376,23 +377,18 @@ async fn follow(
     let mut size = ReadSize::default();
     // Deafness is counted in ticks, so a live entry starts no host timer of its own: one timer
     // per tick, and the read in flight goes on across ticks.
-    let mut tick = Box::pin(host::sleep(DEAF_MS / QUIET_TICKS));
+    let tick = Ticker::new(DEAF_MS / QUIET_TICKS);
     let mut quiet = 0;
     let why = loop {
         let heard = {
             let mut read = pin!(size.read(&mut from));
             loop {
-                let fired = match select(read.as_mut(), tick.as_mut()).await {
-                    Either::Left((read, _)) => Some(read),
-                    Either::Right(_) => None,
-                };
-                match fired {
-                    Some(read) => {
+                match select(read.as_mut(), pin!(tick.tick())).await {
+                    Either::Left((read, _)) => {
                         quiet = 0;
                         break Some(read);
                     }
-                    None => {
-                        tick = Box::pin(host::sleep(DEAF_MS / QUIET_TICKS));
+                    Either::Right(_) => {
                         quiet += 1;
                         if quiet > QUIET_TICKS {
                             quiet = 0;

@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::rc::Rc;
 
 use futures::future::{Either, select};
@@ -13,7 +13,7 @@ use wit_bindgen::{StreamReader, StreamResult};
 
 use crate::wrpc::amqp::client::{self, Delivery};
 use wrpc_broker_guest::host;
-use wrpc_broker_guest::signal::{Latch, Notify};
+use wrpc_broker_guest::signal::{Latch, Notify, Ticker};
 
 /// How many deliveries one read of the driver stream takes at most.
 const BATCH: usize = 256;
@@ -98,28 +98,20 @@ impl Inbox {
         }
     }
 
-    /// Wait until a delivery is there, the stream ended, `stop` is set, or `timer` fired
-    /// (true). The timer is only polled: one that did not fire serves the caller's next wait
-    /// too, so a loop waiting for each delivery starts a host timer per period, not per
-    /// delivery. Replace a timer that fired before passing it again.
-    pub(crate) async fn wait_on<F: Future<Output = ()> + ?Sized>(
-        &self,
-        timer: Pin<&mut F>,
-        stop: Option<&Latch>,
-    ) -> bool {
+    /// Wait until a delivery is there, the stream ended, `stop` is set, or `tick` fired
+    /// (true): a loop waiting for each delivery starts a host timer per period, not per wait.
+    pub(crate) async fn wait_on(&self, tick: &Ticker, stop: Option<&Latch>) -> bool {
         if !self.arrived.borrow().is_empty() || self.ended.get() {
             return false;
         }
         let woken = pin!(self.wake.notified());
+        let ticked = pin!(tick.tick());
         match stop {
-            Some(stop) => {
-                let stopped = pin!(stop.wait());
-                matches!(
-                    select(select(woken, timer), stopped).await,
-                    Either::Left((Either::Right(_), _))
-                )
-            }
-            None => matches!(select(woken, timer).await, Either::Right(_)),
+            Some(stop) => matches!(
+                select(select(woken, ticked), pin!(stop.wait())).await,
+                Either::Left((Either::Right(_), _))
+            ),
+            None => matches!(select(woken, ticked).await, Either::Right(_)),
         }
     }
 

@@ -21,7 +21,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::pin::Pin;
 use std::rc::{Rc, Weak};
 
 use wit_bindgen::StreamReader;
@@ -34,8 +33,8 @@ use crate::inbox::Inbox;
 use crate::wrpc::amqp::client::{self, AmqpError, Confirm, FieldTable, FieldValue, QueueOptions};
 use crate::{Component, Config, channel, config};
 use wrpc_broker_guest::queue::{self, Copy, CopyTo, Received, tried};
-use wrpc_broker_guest::signal::Latch;
-use wrpc_broker_guest::{Error, Headers, Tag, host};
+use wrpc_broker_guest::signal::{Latch, Ticker};
+use wrpc_broker_guest::{Error, Headers, Tag};
 
 wrpc_broker_guest::queue_conversions!(crate::exports::wrpc::broker::queue);
 
@@ -189,7 +188,7 @@ struct AmqpConsumer {
     held: Rc<Held>,
     /// The receive wait's host timer, kept across receives until it fires (a receive per
     /// delivery at prefetch 1 would start and cancel one each).
-    tick: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    tick: Ticker,
 }
 
 /// A delivery: its channel and delivery tag.
@@ -271,13 +270,7 @@ impl queue::Broker for AmqpConsumer {
             None => return Err(Error::unavailable("no consumer")),
         };
         // An empty receive is asked again at once: a kept timer that fires early is harmless.
-        let mut tick = self
-            .tick
-            .take()
-            .unwrap_or_else(|| Box::pin(host::sleep(RECEIVE_WAIT_MS)));
-        if !inbox.wait_on(tick.as_mut(), Some(stop)).await {
-            *self.tick.borrow_mut() = Some(tick);
-        }
+        inbox.wait_on(&self.tick, Some(stop)).await;
         let batch = inbox.take(room as usize);
         self.held.taken.set(self.held.taken.get() + batch.len());
         Ok(batch
@@ -380,7 +373,7 @@ impl Guest for Component {
             config,
             live: RefCell::new(None),
             held: Rc::new(Held::default()),
-            tick: RefCell::new(None),
+            tick: Ticker::new(RECEIVE_WAIT_MS),
         };
         consumer.connect().await?;
         HOLDERS.with_borrow_mut(|h| {

@@ -334,7 +334,7 @@ impl KafkaConsumer {
         let own = parts.get(key).filter(|p| p.epoch == held.epoch)?;
         let mut targets = vec![(key.clone(), own.epoch, Self::prefix(own, held.offset))];
         for (k, part) in parts.iter().filter(|(k, _)| *k != key) {
-            let Some(prefix) = part.held.first().copied().or(part.next) else {
+            let Some(prefix) = Self::settled_prefix(part) else {
                 continue;
             };
             if part.committed.is_some_and(|c| c >= prefix) {
@@ -345,13 +345,15 @@ impl KafkaConsumer {
         Some(targets)
     }
 
-    /// The offset `part` may commit: its lowest held one, or the next to deliver.
+    /// The offset `part` may commit: its lowest held one, or the next to deliver (none before
+    /// its first record).
+    fn settled_prefix(part: &Part) -> Option<u64> {
+        part.held.first().copied().or(part.next)
+    }
+
+    /// [`Self::settled_prefix`], or past `settled` when the partition has delivered nothing.
     fn prefix(part: &Part, settled: u64) -> u64 {
-        part.held
-            .first()
-            .copied()
-            .or(part.next)
-            .unwrap_or(settled + 1)
+        Self::settled_prefix(part).unwrap_or(settled + 1)
     }
 
     /// Commit these next offsets, in one call.

@@ -14,7 +14,7 @@ use crate::channel;
 use crate::codec;
 use crate::exports::wrpc::broker::log::RecordIn;
 use crate::wrpc::amqp::client::{self, Confirm, FieldValue, Message};
-use wrpc_broker_guest::signal::{Latch, Notify};
+use wrpc_broker_guest::signal::{Latch, Notify, Ticker};
 use wrpc_broker_guest::{Error, host};
 
 /// How long an append waits for its read-back.
@@ -136,11 +136,9 @@ impl Appender {
     /// `read_back` after each look, at least once per [`TICK_MS`] (the appends waiting count on
     /// it for their deadline).
     async fn watch(self: Rc<Self>, reading: Reading) {
-        let mut tick = Box::pin(host::sleep(TICK_MS));
+        let tick = Ticker::new(TICK_MS);
         while !reading.inbox.is_done() {
-            if reading.inbox.wait_on(tick.as_mut(), None).await {
-                tick = Box::pin(host::sleep(TICK_MS));
-            }
+            reading.inbox.wait_on(&tick, None).await;
             let mut pending = self.pending.borrow_mut();
             for d in reading.inbox.take(usize::MAX) {
                 if let Some(slot) = d

@@ -37,6 +37,7 @@ use crate::wrpc::amqp::client::{self, Delivery, FieldTable, FieldValue, QueueOpt
 use crate::{Component, Config, channel, config};
 use append::Appender;
 use wrpc_broker_guest::ids::{self, is_epoch};
+use wrpc_broker_guest::signal::Ticker;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
 /// How long a reader of a non-empty stream waits for its first delivery, in milliseconds.
@@ -368,12 +369,10 @@ async fn follow(
 ) {
     let mut pending: Vec<Delivery> = first.into_iter().collect();
     // One host timer per second, not one per wait (a live entry is a wait of its own).
-    let mut tick = Box::pin(host::sleep(1_000));
+    let tick = Ticker::new(1_000);
     loop {
         if pending.is_empty() {
-            if reading.inbox.wait_on(tick.as_mut(), None).await {
-                tick = Box::pin(host::sleep(1_000));
-            }
+            reading.inbox.wait_on(&tick, None).await;
             pending = reading.inbox.take(BATCH);
         }
         if pending.is_empty() {
