@@ -1,7 +1,8 @@
 //! A consumer's deliveries, read off the driver's stream by a task of their own into a buffer
 //! the consumer takes from with a bounded wait. (A driver stream read is never cut short by a
-//! timeout, which could drop what it had read.) A stream-queue consumer acknowledges each batch
-//! on its own channel as it arrives (`multiple`): acks there are only the broker's credit.
+//! timeout, which could drop what it had read.) A stream-queue consumer acknowledges on its own
+//! channel (`multiple`) once [`ACK_EVERY`] deliveries are unacknowledged: acks there are only the
+//! broker's credit, and a waiter is told of a batch before any ack of it is sent.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -17,6 +18,9 @@ use wrpc_broker_guest::signal::{Latch, Notify, Ticker};
 
 /// How many deliveries one read of the driver stream takes at most.
 const BATCH: usize = 256;
+/// A stream reader acknowledges once this many deliveries are unacknowledged: well inside
+/// its credit (`log::READ_PREFETCH`), and no ack per delivery when one arrives at a time.
+const ACK_EVERY: usize = 64;
 
 /// What a consumer's stream brought.
 #[derive(Default)]
@@ -39,17 +43,23 @@ impl Inbox {
     }
 
     async fn read(self: Rc<Self>, mut from: StreamReader<Delivery>, ack_on: Option<u64>) {
+        let mut unacked = 0;
         loop {
             let read = pin!(from.read(Vec::with_capacity(BATCH)));
             let (result, batch) = match select(read, pin!(self.stop.wait())).await {
                 Either::Left((read, _)) => read,
                 Either::Right(_) => break,
             };
-            if let (Some(channel), Some(last)) = (ack_on, batch.last()) {
-                let _ = client::ack(channel, last.delivery_tag, true).await;
-            }
+            let last_tag = batch.last().map(|d| d.delivery_tag);
+            unacked += batch.len();
             self.arrived.borrow_mut().extend(batch);
             self.wake.notify();
+            if let (Some(channel), Some(tag)) = (ack_on, last_tag)
+                && unacked >= ACK_EVERY
+            {
+                unacked = 0;
+                let _ = client::ack(channel, tag, true).await;
+            }
             if !matches!(result, StreamResult::Complete(_)) {
                 break;
             }

@@ -21,8 +21,8 @@ use wrpc_broker_runtime::pages::PageSize;
 
 /// The credit of the adapter's stream readers (`adapters/rabbitmq/src/log`).
 const READ_PREFETCH: u16 = 1_000;
-/// A stream reader acknowledges (`multiple`) every this many deliveries, for credit (the
-/// adapter acknowledges each batch it reads).
+/// A stream reader acknowledges (`multiple`) every this many deliveries, for credit, as the
+/// adapter's (`adapters/rabbitmq/src/inbox.rs`).
 const ACK_EVERY: u64 = 64;
 /// How long an append waits for its read-back, as the adapter's.
 const READ_BACK: Duration = Duration::from_secs(10);
@@ -199,25 +199,23 @@ impl Native {
         sample
     }
 
-    /// Take `count` deliveries from `consumer`, acknowledging them every [`ACK_EVERY`] and at
-    /// the end (the broker's credit only, as the adapter's readers do).
-    async fn take(consumer: &mut lapin::Consumer, count: u64) -> anyhow::Result<()> {
-        let mut last = None;
-        for taken in 1..=count {
+    /// Take `count` deliveries from `consumer`, acknowledging (`multiple`) whenever `seen`, the
+    /// consumer's deliveries so far, reaches a multiple of [`ACK_EVERY`] (the broker's credit
+    /// only, as the adapter's readers do).
+    async fn take(
+        consumer: &mut lapin::Consumer,
+        count: u64,
+        seen: &mut u64,
+    ) -> anyhow::Result<()> {
+        for _ in 0..count {
             let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
             let delivery = next
                 .context("no delivery within 10 s")?
                 .context("the consumer ended")??;
-            // Credit for a page longer than the prefetch, as the adapter's reader acks.
-            if taken.is_multiple_of(ACK_EVERY) {
+            *seen += 1;
+            if seen.is_multiple_of(ACK_EVERY) {
                 delivery.ack(BasicAckOptions { multiple: true }).await?;
-                last = None;
-            } else {
-                last = Some(delivery);
             }
-        }
-        if let Some(delivery) = last {
-            delivery.ack(BasicAckOptions { multiple: true }).await?;
         }
         Ok(())
     }
@@ -240,7 +238,7 @@ impl Native {
                 };
                 let (channel, mut consumer) = self.reader(&name, offset).await?;
                 let page = u64::from(size.limit()).min(CATCH_UP as u64 - read);
-                Self::take(&mut consumer, page + check).await?;
+                Self::take(&mut consumer, page + check, &mut 0).await?;
                 channel.close(200, "page read".into()).await?;
                 read += page;
                 // The host sizes pages by their entries' bytes: a payload each here.
@@ -260,14 +258,14 @@ impl Native {
         let (reading, mut consumer) = self
             .reader(&name, AMQPValue::LongString("next".into()))
             .await?;
-        let mut sample = Sample::default();
+        let (mut sample, mut seen) = (Sample::default(), 0);
         let started = Instant::now();
         while started.elapsed() < work.slice {
             let t = Instant::now();
             let (id, properties) = entry_properties();
             let offset = read_back.expect(id);
             publish(&channel, "", &name, &work.payload, properties).await?;
-            let (offset, taken) = futures::join!(offset, Self::take(&mut consumer, 1));
+            let (offset, taken) = futures::join!(offset, Self::take(&mut consumer, 1, &mut seen));
             offset?;
             taken?;
             sample.latencies.push(t.elapsed());
