@@ -23,7 +23,7 @@ use wrpc_broker::runtime::bench::{
     fan_out_round, joined, timed, unique,
 };
 use wrpc_broker::runtime::floor::{
-    concurrent_call, floor_call, native_round_trip, owner_task_call, pending_import_call,
+    Answerer, concurrent_call, floor_call, native_round_trip, owner_task_call, pending_import_call,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -162,8 +162,23 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
     measure!(
         "floor: a pending import vs a native await",
         "round trips",
-        pending_import_call(setup.work.slice),
-        |_n| async { native_round_trip(setup.work.slice).await.map(Some) }
+        pending_import_call(setup.work.slice, Answerer::Task),
+        |_n| async {
+            native_round_trip(setup.work.slice, Answerer::Task)
+                .await
+                .map(Some)
+        }
+    );
+    // The same with a loopback echo server answering: the floor under a server row's ratio.
+    measure!(
+        "floor: a pending import over loopback TCP",
+        "round trips",
+        pending_import_call(setup.work.slice, Answerer::Loopback),
+        |_n| async {
+            native_round_trip(setup.work.slice, Answerer::Loopback)
+                .await
+                .map(Some)
+        }
     );
     measure!(
         exports.log,

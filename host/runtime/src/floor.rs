@@ -14,12 +14,15 @@
 //!
 //! Beside them, the floor of a broker round trip: [`pending_import_call`], an export that awaits
 //! one import which goes pending until another task answers (as a broker connection's task
-//! answers a command), against [`native_round_trip`], the same exchange awaited natively.
+//! answers a command), against [`native_round_trip`], the same exchange awaited natively; and
+//! the same with the answer fetched from an echo server over loopback TCP ([`Answerer`]), the
+//! floor under a server row's ratio: a process round trip with no server work in it.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use wasmtime::component::{Component, Instance, Linker, TypedFunc};
 use wasmtime::{Engine, Store};
@@ -214,21 +217,52 @@ const PENDING_COMPONENT: &str = r#"
   (func (export "waits") (result u32) (canon lift (core func $i "waits"))))
 "#;
 
-/// The other end of a round trip: a task that answers each question at once, as a broker
-/// connection's task hands a reply to whoever waits on it (here without I/O).
+/// Who answers a floor round trip's question.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answerer {
+    /// Another task, at once, without I/O (as a broker connection's task hands on a reply).
+    Task,
+    /// An echo server on a thread of its own, over a loopback TCP connection that another
+    /// task writes and reads (as a broker client's connection task does): a server's
+    /// stand-in that does no work, so the row is a process round trip and nothing else.
+    Loopback,
+}
+
+/// The other end of a round trip: a task that answers each question (`x + 1`), itself or
+/// through a loopback echo server ([`Answerer`]).
 #[derive(Clone)]
 struct Peer(mpsc::UnboundedSender<(u32, oneshot::Sender<u32>)>);
 
 impl Peer {
-    /// Start the answering task; it ends when every `Peer` is dropped.
-    fn spawn() -> Self {
+    /// Start the answering task (and the echo server it asks, for [`Answerer::Loopback`]); both
+    /// end when every `Peer` is dropped.
+    async fn start(answerer: Answerer) -> anyhow::Result<Self> {
         let (questions, mut rx) = mpsc::unbounded_channel::<(u32, oneshot::Sender<u32>)>();
-        tokio::spawn(async move {
-            while let Some((x, answer)) = rx.recv().await {
-                let _ = answer.send(x + 1);
+        match answerer {
+            Answerer::Task => {
+                tokio::spawn(async move {
+                    while let Some((x, answer)) = rx.recv().await {
+                        let _ = answer.send(x + 1);
+                    }
+                });
             }
-        });
-        Self(questions)
+            Answerer::Loopback => {
+                let mut connection = tokio::net::TcpStream::connect(echo_server()?).await?;
+                connection.set_nodelay(true)?;
+                tokio::spawn(async move {
+                    while let Some((x, answer)) = rx.recv().await {
+                        let mut reply = [0; 4];
+                        if connection.write_all(&x.to_le_bytes()).await.is_err()
+                            || connection.read_exact(&mut reply).await.is_err()
+                        {
+                            break;
+                        }
+                        let _ = answer.send(u32::from_le_bytes(reply));
+                    }
+                });
+            }
+        }
+        Ok(Self(questions))
     }
 
     /// Ask `x` and wait for the answer (`x + 1`).
@@ -241,17 +275,41 @@ impl Peer {
     }
 }
 
+/// A loopback TCP server on a thread of its own that answers each little-endian `u32` of its
+/// one connection with that number plus one, until the connection closes.
+fn echo_server() -> std::io::Result<std::net::SocketAddr> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("floor-echo".into())
+        .spawn(move || {
+            let Ok((mut connection, _)) = listener.accept() else {
+                return;
+            };
+            let _ = connection.set_nodelay(true);
+            let mut x = [0; 4];
+            while connection.read_exact(&mut x).is_ok() {
+                let answer = u32::from_le_bytes(x).wrapping_add(1);
+                if connection.write_all(&answer.to_le_bytes()).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(address)
+}
+
 /// One round trip to another task through [`PENDING_COMPONENT`]: its export called through
 /// `call_concurrent` on the calling task (a bare Store, the engine configured as the host's),
-/// its `wait` import a host function that goes pending until the [`Peer`] answers. Repeated for
-/// `slice`.
-pub async fn pending_import_call(slice: Duration) -> anyhow::Result<Sample> {
-    Ok(pending_round_trips(slice).await?.0)
+/// its `wait` import a host function that goes pending until the peer answers (`answerer`).
+/// Repeated for `slice`.
+pub async fn pending_import_call(slice: Duration, answerer: Answerer) -> anyhow::Result<Sample> {
+    Ok(pending_round_trips(slice, answerer).await?.0)
 }
 
 /// [`pending_import_call`], with how many of its calls found the import pending.
-async fn pending_round_trips(slice: Duration) -> anyhow::Result<(Sample, u32)> {
-    let peer = Peer::spawn();
+async fn pending_round_trips(slice: Duration, answerer: Answerer) -> anyhow::Result<(Sample, u32)> {
+    let peer = Peer::start(answerer).await?;
     let (mut store, instance) = host_engine_instance(PENDING_COMPONENT, |linker| {
         linker
             .root()
@@ -281,10 +339,10 @@ async fn pending_round_trips(slice: Duration) -> anyhow::Result<(Sample, u32)> {
     Ok((sample, waits))
 }
 
-/// The native side of [`pending_import_call`]: the same question to the same kind of
-/// [`Peer`], awaited directly, for `slice`.
-pub async fn native_round_trip(slice: Duration) -> anyhow::Result<Sample> {
-    let peer = Peer::spawn();
+/// The native side of [`pending_import_call`]: the same question to the same kind of peer,
+/// awaited directly, for `slice`.
+pub async fn native_round_trip(slice: Duration, answerer: Answerer) -> anyhow::Result<Sample> {
+    let peer = Peer::start(answerer).await?;
     timed(slice, || async {
         let answer = peer.ask(41).await?;
         anyhow::ensure!(answer == 42, "the round trip answered {answer}");
@@ -299,15 +357,19 @@ mod tests {
 
     /// Every call of the pending floor finds its import pending (on one thread the peer task
     /// cannot answer before the import's first poll) and answers the peer's `x + 1`
-    /// (`pending_round_trips` checks each answer).
+    /// (`pending_round_trips` checks each answer), whoever the peer asks.
     #[tokio::test]
     async fn every_pending_floor_call_waits_for_the_peer() {
-        let (sample, waits) = pending_round_trips(Duration::from_millis(50))
-            .await
-            .unwrap();
-        assert!(sample.ops > 0);
-        assert_eq!(u64::from(waits), sample.ops);
-        let native = native_round_trip(Duration::from_millis(50)).await.unwrap();
-        assert!(native.ops > 0);
+        for answerer in [Answerer::Task, Answerer::Loopback] {
+            let (sample, waits) = pending_round_trips(Duration::from_millis(50), answerer)
+                .await
+                .unwrap();
+            assert!(sample.ops > 0, "{answerer:?}");
+            assert_eq!(u64::from(waits), sample.ops, "{answerer:?}");
+            let native = native_round_trip(Duration::from_millis(50), answerer)
+                .await
+                .unwrap();
+            assert!(native.ops > 0, "{answerer:?}");
+        }
     }
 }
