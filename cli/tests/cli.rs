@@ -188,6 +188,7 @@ fn bench_prints_the_table_for_memory() {
     assert!(output.status.success(), "{out}\n{}", stderr(&output));
     for operation in [
         "floor step: call_concurrent vs a plain call",
+        "floor: a pending import over loopback TCP",
         "log append, 1 in flight",
         "queue produce+consume+ack, prefetch 64",
         "direct request/reply",
