@@ -6,7 +6,6 @@ use crate::wrpc::memory::store;
 use crate::{Component, config};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
-use wrpc_broker_guest::relay;
 
 #[cfg(feature = "mutant-replay-backplane")]
 thread_local! {
@@ -40,19 +39,24 @@ impl Guest for Component {
         let name = config.name("chan", &channel)?;
         #[cfg(feature = "mutant-replay-backplane")]
         let last = LAST.with_borrow(|m| m.get(&name).cloned());
-        let mut from = store::channel_subscribe(name).await;
-        let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
-        wit_bindgen::spawn_local(async move {
-            #[cfg(feature = "mutant-replay-backplane")]
-            let mut tx = tx;
-            #[cfg(feature = "mutant-replay-backplane")]
-            if let Some(last) = last
-                && !tx.write_all(vec![last]).await.is_empty()
-            {
-                return;
-            }
-            relay::pump(&mut from, tx, |batch| batch).await
-        });
-        Ok(rx)
+        let from = store::channel_subscribe(name).await;
+        // The store's stream is the subscription as it is: handed on, its payloads go from the
+        // host's store to the host's reader without entering this instance.
+        #[cfg(not(feature = "mutant-replay-backplane"))]
+        return Ok(from);
+        #[cfg(feature = "mutant-replay-backplane")]
+        {
+            let mut from = from;
+            let (mut tx, rx) = crate::wit_stream::new::<Vec<u8>>();
+            wit_bindgen::spawn_local(async move {
+                if let Some(last) = last
+                    && !tx.write_all(vec![last]).await.is_empty()
+                {
+                    return;
+                }
+                wrpc_broker_guest::relay::pump(&mut from, tx, |batch| batch).await
+            });
+            Ok(rx)
+        }
     }
 }
