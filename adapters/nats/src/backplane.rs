@@ -2,14 +2,14 @@
 //! so `*`, `>` and `.` in a name are literal and never wildcards. Publish is a core PUB per
 //! payload followed by a flush (PING/PONG: the server has them, or the call fails); subscribe is
 //! a SUB the driver flushes before it returns, so a payload published after the return is
-//! delivered. At most once: core NATS keeps nothing, and a slow subscriber loses messages.
+//! delivered; its stream is the driver's stream of payloads, handed on (they never enter the
+//! instance). At most once: core NATS keeps nothing, and a slow subscriber loses messages.
 
 use crate::exports::wrpc::broker::backplane::Guest;
-use crate::wrpc::nats::client::{self, Message};
+use crate::wrpc::nats::client;
 use crate::{Component, config, nats_error};
 use wit_bindgen::StreamReader;
 use wrpc_broker_guest::Error;
-use wrpc_broker_guest::relay;
 
 impl Guest for Component {
     async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -24,16 +24,11 @@ impl Guest for Component {
 
     async fn subscribe(channel: String) -> Result<StreamReader<Vec<u8>>, Error> {
         let subject = config()?.subject("bp", &channel)?;
-        let (_, mut from) = client::subscribe(subject, None).await.map_err(nats_error)?;
-        let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
-        let payloads = |batch: Vec<Message>| {
-            batch
-                .into_iter()
-                .filter(|m| m.status.is_none())
-                .map(|m| m.payload)
-                .collect()
-        };
-        wit_bindgen::spawn_local(async move { relay::pump(&mut from, tx, payloads).await });
-        Ok(rx)
+        // The driver's stream of payloads is the subscription as it is: handed on, they go
+        // from the host's connection to the host's reader without entering this instance.
+        let (_, payloads) = client::subscribe_payloads(subject, None)
+            .await
+            .map_err(nats_error)?;
+        Ok(payloads)
     }
 }

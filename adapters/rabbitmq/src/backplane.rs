@@ -6,7 +6,8 @@
 //! server-named exclusive auto-delete queue bound with that key (bind-ok: from then on every
 //! publish reaches it), bounded by `x-max-length` (drop-head: a laggard loses its oldest) and
 //! consumed without acks; dropping the stream cancels the consumer and the broker deletes the
-//! queue. At most once: nothing is kept for a subscriber that is not there.
+//! queue. The subscription's stream is the driver's stream of bodies, handed on: deliveries
+//! never enter the instance. At most once: nothing is kept for a subscriber that is not there.
 
 use wit_bindgen::StreamReader;
 
@@ -16,7 +17,7 @@ use crate::wrpc::amqp::client::{
     self, Confirm, Delivery, FieldValue, Message, Properties, QueueOptions,
 };
 use crate::{Component, config};
-use wrpc_broker_guest::{Error, relay};
+use wrpc_broker_guest::Error;
 
 /// How many payloads a subscription's queue holds before it drops the oldest.
 const MAX_BACKLOG: i64 = 10_000;
@@ -47,6 +48,28 @@ pub(crate) async fn bound_queue(
     key: &str,
     shared_name: Option<&str>,
 ) -> Result<Bound, Error> {
+    let queue = declare_bound(exchange, key, shared_name).await?;
+    let on = std::cell::Cell::new(0);
+    let (tag, deliveries) = channel::listen()
+        .call(|ch| {
+            on.set(ch);
+            client::consume(ch, queue.clone(), true, shared_name.is_none(), Vec::new())
+        })
+        .await?;
+    Ok(Bound {
+        channel: on.get(),
+        tag,
+        deliveries,
+    })
+}
+
+/// Declare an auto-delete queue bound to `exchange` with `key` on the listening channel
+/// (server-named and exclusive, or the queue `shared_name` its consumers share); its name.
+async fn declare_bound(
+    exchange: &str,
+    key: &str,
+    shared_name: Option<&str>,
+) -> Result<String, Error> {
     let listen = channel::listen();
     let options = QueueOptions {
         durable: false,
@@ -63,18 +86,7 @@ pub(crate) async fn bound_queue(
     listen
         .call(|ch| client::queue_bind(ch, queue.clone(), exchange.to_string(), key.to_string()))
         .await?;
-    let on = std::cell::Cell::new(0);
-    let (tag, deliveries) = listen
-        .call(|ch| {
-            on.set(ch);
-            client::consume(ch, queue.clone(), true, shared_name.is_none(), Vec::new())
-        })
-        .await?;
-    Ok(Bound {
-        channel: on.get(),
-        tag,
-        deliveries,
-    })
+    Ok(queue)
 }
 
 impl Guest for Component {
@@ -104,12 +116,12 @@ impl Guest for Component {
     async fn subscribe(channel: String) -> Result<StreamReader<Vec<u8>>, Error> {
         let config = config()?;
         let key = config.key(&channel)?;
-        let mut from = bound_queue(&config.exchange("bp"), &key, None)
-            .await?
-            .deliveries;
-        let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
-        let payloads = |batch: Vec<Delivery>| batch.into_iter().map(|d| d.body).collect();
-        wit_bindgen::spawn_local(async move { relay::pump(&mut from, tx, payloads).await });
-        Ok(rx)
+        let queue = declare_bound(&config.exchange("bp"), &key, None).await?;
+        // The driver's stream of bodies is the subscription as it is: handed on, its payloads
+        // go from the host's connection to the host's reader without entering this instance.
+        let (_, bodies) = channel::listen()
+            .call(|ch| client::consume_bodies(ch, queue.clone(), true, Vec::new()))
+            .await?;
+        Ok(bodies)
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
+use super::subscription::{Payloads, Subscription};
 use super::{NatsDriver, faults};
 use wrpc_broker_runtime::sandbox::Ctx;
 use wrpc_broker_runtime::streams::BatchProducer;
@@ -136,6 +137,27 @@ async fn subscribe_at_server(
     Ok(subscriber)
 }
 
+/// A member of the share of `subject` in `queue_group`: joined when another component here
+/// has it already (the server routes to it already; a hot swap never leaves a gap), else
+/// subscribed at the server.
+async fn member<T>(
+    accessor: &Accessor<T, HasSelf<Ctx>>,
+    subject: String,
+    queue_group: Option<String>,
+) -> wasmtime::Result<Result<(u64, Subscription), wit::NatsError>> {
+    let driver = nats_of(accessor)?;
+    if let Some(member) = driver.subscriptions.join(&subject, &queue_group) {
+        return Ok(Ok(member));
+    }
+    Ok(subscribe_at_server(&driver.client, &subject, &queue_group)
+        .await
+        .map(|subscriber| {
+            driver
+                .subscriptions
+                .share(&subject, &queue_group, subscriber)
+        }))
+}
+
 impl wit::Host for Ctx {
     fn new_inbox(&mut self) -> wasmtime::Result<String> {
         Ok(nats(self)?.client.new_inbox())
@@ -184,22 +206,30 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         subject: String,
         queue_group: Option<String>,
     ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
-        let driver = nats_of(accessor)?;
-        // Another component here already has this subscription: share it (the server routes to
-        // it already; a hot swap never leaves a gap).
-        let (id, subscription) = match driver.subscriptions.join(&subject, &queue_group) {
-            Some(member) => member,
-            None => match subscribe_at_server(&driver.client, &subject, &queue_group).await {
-                Ok(subscriber) => driver
-                    .subscriptions
-                    .share(&subject, &queue_group, subscriber),
-                Err(e) => {
-                    return Ok(Err(e));
-                }
-            },
+        let (id, subscription) = match member(accessor, subject, queue_group).await? {
+            Ok(member) => member,
+            Err(e) => return Ok(Err(e)),
         };
         let stream = accessor.with(|mut access| {
             StreamReader::new(&mut access, BatchProducer::new(subscription, message))
+        })?;
+        Ok(Ok((id, stream)))
+    }
+
+    async fn subscribe_payloads(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        queue_group: Option<String>,
+    ) -> wasmtime::Result<Result<(u64, StreamReader<Vec<u8>>), wit::NatsError>> {
+        let (id, subscription) = match member(accessor, subject, queue_group).await? {
+            Ok(member) => member,
+            Err(e) => return Ok(Err(e)),
+        };
+        let stream = accessor.with(|mut access| {
+            StreamReader::new(
+                &mut access,
+                BatchProducer::new(Payloads(subscription), |p| p),
+            )
         })?;
         Ok(Ok((id, stream)))
     }

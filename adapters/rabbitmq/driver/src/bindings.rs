@@ -303,6 +303,30 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         Ok(Ok((tag, stream)))
     }
 
+    async fn consume_bodies(
+        accessor: &Accessor<T, Self>,
+        channel: u64,
+        queue: String,
+        exclusive: bool,
+        arguments: wit::FieldTable,
+    ) -> wasmtime::Result<Result<(String, StreamReader<Vec<u8>>), wit::AmqpError>> {
+        let consumed = run(accessor, |d| async move {
+            d.consume(channel, queue, true, exclusive, arguments).await
+        })
+        .await?;
+        let (tag, deliveries) = match consumed {
+            Ok(consumed) => consumed,
+            Err(e) => return Ok(Err(e)),
+        };
+        let stream = accessor.with(|mut access| {
+            StreamReader::new(
+                &mut access,
+                BatchProducer::new(deliveries, |d: wit::Delivery| d.body),
+            )
+        })?;
+        Ok(Ok((tag, stream)))
+    }
+
     async fn cancel(
         accessor: &Accessor<T, Self>,
         channel: u64,
