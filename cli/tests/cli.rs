@@ -189,6 +189,7 @@ fn bench_prints_the_table_for_memory() {
     for operation in [
         "floor step: call_concurrent vs a plain call",
         "floor: a pending import over loopback TCP",
+        "trivial export call after a loopback round trip",
         "log append, 1 in flight",
         "queue produce+consume+ack, prefetch 64",
         "direct request/reply",

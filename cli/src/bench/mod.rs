@@ -23,7 +23,8 @@ use wrpc_broker::runtime::bench::{
     fan_out_round, joined, timed, unique,
 };
 use wrpc_broker::runtime::floor::{
-    Answerer, concurrent_call, floor_call, native_round_trip, owner_task_call, pending_import_call,
+    Answerer, after_loopback, concurrent_call, floor_call, native_round_trip, owner_task_call,
+    pending_import_call,
 };
 
 pub use extras::{Extras, load_table, swap_table};
@@ -176,6 +177,22 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         pending_import_call(setup.work.slice, Answerer::Loopback),
         |_n| async {
             native_round_trip(setup.work.slice, Answerer::Loopback)
+                .await
+                .map(Some)
+        }
+    );
+    // The host's trivial call in a broker operation's rhythm: each after a loopback round trip
+    // (its native side: the round trip alone), so what the call costs cold reads beside what
+    // it costs back to back.
+    measure!(
+        "trivial export call after a loopback round trip",
+        "calls",
+        after_loopback(setup.work.slice, || async {
+            let _ = setup.a.adapter().log_parse_id("x:1".into()).await;
+            Ok(())
+        }),
+        |_n| async {
+            after_loopback(setup.work.slice, || async { Ok(()) })
                 .await
                 .map(Some)
         }

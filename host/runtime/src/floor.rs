@@ -351,6 +351,27 @@ pub async fn native_round_trip(slice: Duration, answerer: Answerer) -> anyhow::R
     .await
 }
 
+/// `op` repeatedly for `slice`, each time right after a round trip to a loopback echo server
+/// awaited natively: `op` in a broker operation's rhythm, its code and data gone cold while the
+/// process waited. With an `op` that does nothing, the native side of such a row.
+pub async fn after_loopback<F, Fut>(slice: Duration, mut op: F) -> anyhow::Result<Sample>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let peer = Peer::start(Answerer::Loopback).await?;
+    let peer = &peer;
+    timed(slice, || {
+        let op = op();
+        async move {
+            peer.ask(1).await?;
+            op.await?;
+            Ok(1)
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,5 +392,19 @@ mod tests {
                 .unwrap();
             assert!(native.ops > 0, "{answerer:?}");
         }
+    }
+
+    /// Each step of `after_loopback` runs the operation once, after its round trip.
+    #[tokio::test]
+    async fn after_loopback_runs_the_operation_once_a_round_trip() {
+        let ran = std::cell::Cell::new(0u64);
+        let sample = after_loopback(Duration::from_millis(50), || {
+            ran.set(ran.get() + 1);
+            async { Ok(()) }
+        })
+        .await
+        .unwrap();
+        assert!(sample.ops > 0);
+        assert_eq!(ran.get(), sample.ops);
     }
 }
