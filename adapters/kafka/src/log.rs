@@ -179,8 +179,12 @@ impl Guest for Component {
         } else {
             vec![0]
         };
-        // A keyless batch goes to one partition, so it stays ordered.
-        let keyless = (wrpc_broker_guest::now_ms() % u64::from(described.partitions.max(1))) as u32;
+        // A keyless batch goes to one partition, so it stays ordered (a partition picked by the
+        // clock; no clock read when there is one).
+        let keyless = match described.partitions {
+            0 | 1 => 0,
+            n => (wrpc_broker_guest::now_ms() % u64::from(n)) as u32,
+        };
         let records: Vec<Outgoing> = batch
             .into_iter()
             .map(|r| Outgoing {
