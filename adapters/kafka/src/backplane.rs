@@ -1,17 +1,17 @@
 //! `wrpc:broker/backplane` on the topic `P.bp` (one partition), keyed by channel: a publish
 //! produces each payload with key = the channel (answered once every delivery report came);
 //! a subscription is an assign-mode reader (no group) of `P.bp` from the high watermarks read
-//! when it subscribes, keeping only its channel's records. Keys are compared whole, so channel
-//! names are literal. ⚠ Payloads are stored for the topic's retention (at most once comes from
+//! when it subscribes, the driver keeping only its channel's records (`read-values`: the
+//! values never enter the instance). Keys are compared whole, so channel names are literal. ⚠ Payloads are stored for the topic's retention (at most once comes from
 //! readers starting at the end), and each subscription costs a consumer that reads every
 //! channel's traffic.
 
 use wit_bindgen::StreamReader;
 
 use crate::exports::wrpc::broker::backplane::Guest;
-use crate::wrpc::kafka::client::{self, Incoming, Outgoing};
+use crate::wrpc::kafka::client::{self, Outgoing};
 use crate::{Component, config, kafka_error};
-use wrpc_broker_guest::{Error, relay};
+use wrpc_broker_guest::Error;
 
 impl Guest for Component {
     async fn publish(channel: String, payloads: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -40,19 +40,11 @@ impl Guest for Component {
             .enumerate()
             .map(|(p, m)| (p as u32, m.high))
             .collect();
-        let mut from = client::read(topic, starts).await.map_err(kafka_error)?;
-        let key = channel.into_bytes();
-        let (tx, rx) = crate::wit_stream::new::<Vec<u8>>();
-        wit_bindgen::spawn_local(async move {
-            relay::pump(&mut from, tx, |records: Vec<Incoming>| {
-                records
-                    .into_iter()
-                    .filter(|r| r.key.as_deref() == Some(key.as_slice()))
-                    .map(|r| r.value)
-                    .collect()
-            })
-            .await;
-        });
-        Ok(rx)
+        // The driver's stream of this channel's values is the subscription as it is: handed
+        // on, they go from the host's reader to the host's fan-out without entering this
+        // instance.
+        client::read_values(topic, starts, channel.into_bytes())
+            .await
+            .map_err(kafka_error)
     }
 }
