@@ -16,7 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use wrpc_broker::{AppendOptions, ConsumeOptions, Entry, ProduceOptions, ReadFrom, Reader};
+use wrpc_broker::{
+    AppendOptions, Backplane, ConsumeOptions, Entry, ProduceOptions, ReadFrom, Reader, Subscription,
+};
 
 use crate::support::{next_within, retry};
 use crate::workload::{Handled, numbered_consumer, until_all_handled, until_handled};
@@ -251,9 +253,10 @@ fn find_program(program: &str) -> Option<PathBuf> {
 
 // ------------------------------------------------------------------------------ the scenario
 
-/// The log topic and the queue of the scenario (a fresh server each time).
+/// The log topic, the queue and the backplane channel of the scenario (a fresh server each time).
 const TOPIC: &str = "restart-log";
 const QUEUE: &str = "restart-queue";
+const ROOM: &str = "restart-room";
 /// Entries appended before the restart, in batches of [`BATCH`], and how many each reader has
 /// read when the server goes down.
 const ENTRIES_BEFORE: usize = 2000;
@@ -269,11 +272,13 @@ const BEFORE: Duration = Duration::from_secs(10);
 const AFTER: Duration = Duration::from_secs(30);
 
 /// The server restarts in the middle of a queue run and of two log reads (one on the host that
-/// appends, one on another host); nothing is lost. Before the restart: 2000 entries, each reader
-/// 500 in; 300 messages, handled slowly by two consumers on one host and one on another, 60 of
-/// them handled. After it, through the same handles, 100 more messages and 100 more entries go
-/// in at once, and one more entry once the readers caught up. Then each reader has read every
-/// entry once, in order, with dense offsets, the last one the entry appended last, with its id;
+/// appends, one on another host), with a backplane subscriber on each host; nothing is lost.
+/// Before the restart: 2000 entries, each reader 500 in; 300 messages, handled slowly by two
+/// consumers on one host and one on another, 60 of them handled; each subscriber heard a
+/// payload. After it, through the same handles, 100 more messages and 100 more entries go in at
+/// once, and one more entry once the readers caught up. Then each reader has read every entry
+/// once, in order, with dense offsets, the last one the entry appended last, with its id; each
+/// subscriber hears a payload published after the restart (its subscription re-established);
 /// and every message was handled.
 pub async fn a_server_restart_loses_nothing(recipe: ServerRecipe) -> anyhow::Result<()> {
     let mut server = OwnServer::start(recipe).await?;
@@ -320,7 +325,19 @@ pub async fn a_server_restart_loses_nothing(recipe: ServerRecipe) -> anyhow::Res
         .await
         .context("the queue run did not start before the restart")?;
 
-    // Restart in the middle of both.
+    // A backplane subscriber on each host, each having heard a payload.
+    let backplane = broker.backplane()?;
+    let mut rooms = Vec::new();
+    for host in [&broker, &other] {
+        rooms.push(host.backplane()?.subscribe(ROOM).await?);
+    }
+    for (n, room) in rooms.iter_mut().enumerate() {
+        hear(&backplane, room, b"before", BEFORE)
+            .await
+            .with_context(|| format!("subscriber {n} before the restart"))?;
+    }
+
+    // Restart in the middle of all three.
     let before = handled.lock().unwrap().len();
     server.restart().await.context("the restart")?;
     println!(
@@ -374,6 +391,14 @@ pub async fn a_server_restart_loses_nothing(recipe: ServerRecipe) -> anyhow::Res
         );
     }
 
+    // Each subscription was re-established: a payload published now reaches both subscribers
+    // (what was published while they were cut off may be lost, as at-most-once allows).
+    for (n, room) in rooms.iter_mut().enumerate() {
+        hear(&backplane, room, b"after", AFTER)
+            .await
+            .with_context(|| format!("subscriber {n} after the restart"))?;
+    }
+
     // Every message is handled.
     until_all_handled(&handled, messages)
         .await
@@ -392,6 +417,38 @@ pub async fn a_server_restart_loses_nothing(recipe: ServerRecipe) -> anyhow::Res
         entries + 1
     );
     Ok(())
+}
+
+/// Publish `payload` to [`ROOM`] every 100 ms until `room` hears it, for up to `within`
+/// (other payloads it hears are passed over; a publish that fails is tried again).
+async fn hear(
+    backplane: &Backplane,
+    room: &mut Subscription,
+    payload: &[u8],
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let _ = backplane.publish(ROOM, payload).await;
+        let heard = tokio::time::timeout(Duration::from_millis(100), async {
+            while let Some(got) = room.recv().await {
+                if got.as_ref() == payload {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        match heard {
+            Ok(true) => return Ok(()),
+            Ok(false) => bail!("the subscription ended for good"),
+            Err(_) => {}
+        }
+    }
+    bail!(
+        "{:?} not heard within {within:?}",
+        String::from_utf8_lossy(payload)
+    )
 }
 
 /// Entries whose values are the numbers of `range`.
