@@ -158,29 +158,27 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<Row>, Extras)> {
         trivial_call(&setup),
         |_n| async { owner_task_call(setup.work.slice).await.map(Some) }
     );
-    // The floor of a broker round trip: an import that goes pending until another task
-    // answers, in a bare Store, against the same exchange awaited natively.
-    measure!(
-        "floor: a pending import vs a native await",
-        "round trips",
-        pending_import_call(setup.work.slice, Answerer::Task),
-        |_n| async {
-            native_round_trip(setup.work.slice, Answerer::Task)
-                .await
-                .map(Some)
-        }
-    );
-    // The same with a loopback echo server answering: the floor under a server row's ratio.
-    measure!(
-        "floor: a pending import over loopback TCP",
-        "round trips",
-        pending_import_call(setup.work.slice, Answerer::Loopback),
-        |_n| async {
-            native_round_trip(setup.work.slice, Answerer::Loopback)
-                .await
-                .map(Some)
-        }
-    );
+    // The floor of a broker round trip: an import that goes pending until another task answers
+    // (and that task asks a loopback echo server: the floor under a server row's ratio), in a
+    // bare Store, against the same exchange awaited natively.
+    for (name, answerer) in [
+        ("floor: a pending import vs a native await", Answerer::Task),
+        (
+            "floor: a pending import over loopback TCP",
+            Answerer::Loopback,
+        ),
+    ] {
+        measure!(
+            name,
+            "round trips",
+            pending_import_call(setup.work.slice, answerer),
+            |_n| async {
+                native_round_trip(setup.work.slice, answerer)
+                    .await
+                    .map(Some)
+            }
+        );
+    }
     // The host's trivial call in a broker operation's rhythm: each after a loopback round trip
     // (its native side: the round trip alone), so what the call costs cold reads beside what
     // it costs back to back.

@@ -114,6 +114,43 @@ impl<T: Send + 'static> PollBatch for mpsc::Receiver<T> {
     }
 }
 
+/// A [`PollBatch`] source whose items `keep` turns into what is handed on (`None`: left out);
+/// a batch of which nothing is kept is not handed on, the source is polled again.
+pub struct FilterMap<S, F> {
+    source: S,
+    keep: F,
+}
+
+impl<S, F> FilterMap<S, F> {
+    /// `source`, filtered and converted by `keep`.
+    pub fn new(source: S, keep: F) -> Self {
+        Self { source, keep }
+    }
+}
+
+impl<S, F, T> PollBatch for FilterMap<S, F>
+where
+    S: PollBatch,
+    F: FnMut(S::Item) -> Option<T> + Send + 'static,
+    T: Send + 'static,
+{
+    type Item = T;
+
+    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<T>>> {
+        loop {
+            let batch = match self.source.poll_batch(cx, max) {
+                Poll::Ready(Some(batch)) => batch,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            };
+            let kept: Vec<T> = batch.into_iter().filter_map(&mut self.keep).collect();
+            if !kept.is_empty() {
+                return Poll::Ready(Some(kept));
+            }
+        }
+    }
+}
+
 /// Feeds a guest-read stream from a [`PollBatch`] source, converting each item with `map`.
 pub struct BatchProducer<S, F> {
     source: S,

@@ -3,14 +3,13 @@
 //! tasks of their own (nothing here waits on the Store's task).
 
 use std::future::Future;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
 use super::KafkaDriver;
 use wrpc_broker_runtime::sandbox::Ctx;
-use wrpc_broker_runtime::streams::{BatchProducer, PollBatch};
+use wrpc_broker_runtime::streams::{BatchProducer, FilterMap};
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-kafka; world driver { import wrpc:kafka/client@0.1.0; }",
@@ -138,7 +137,9 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             Ok(records) => records,
             Err(e) => return Ok(Err(e)),
         };
-        let values = KeyedValues { records, key };
+        let values = FilterMap::new(records, move |r: wit::Incoming| {
+            (r.key.as_deref() == Some(key.as_slice())).then_some(r.value)
+        });
         let stream = accessor
             .with(|mut access| StreamReader::new(&mut access, BatchProducer::new(values, |v| v)))?;
         Ok(Ok(stream))
@@ -200,33 +201,5 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         })
         .await
         .map(|_| ())
-    }
-}
-
-/// The values of a reader's records whose key is `key`: the batch source of `read-values`.
-struct KeyedValues {
-    records: tokio::sync::mpsc::Receiver<wit::Incoming>,
-    key: Vec<u8>,
-}
-
-impl PollBatch for KeyedValues {
-    type Item = Vec<u8>;
-
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Vec<u8>>>> {
-        loop {
-            let batch = match self.records.poll_batch(cx, max) {
-                Poll::Ready(Some(batch)) => batch,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            };
-            let values: Vec<Vec<u8>> = batch
-                .into_iter()
-                .filter(|r| r.key.as_deref() == Some(self.key.as_slice()))
-                .map(|r| r.value)
-                .collect();
-            if !values.is_empty() {
-                return Poll::Ready(Some(values));
-            }
-        }
     }
 }

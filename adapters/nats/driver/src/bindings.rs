@@ -6,10 +6,10 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
-use super::subscription::{Payloads, Subscription};
+use super::subscription::Subscription;
 use super::{NatsDriver, faults};
 use wrpc_broker_runtime::sandbox::Ctx;
-use wrpc_broker_runtime::streams::BatchProducer;
+use wrpc_broker_runtime::streams::{BatchProducer, FilterMap};
 
 wasmtime::component::bindgen!({
     inline: "package wrpc:host-nats; world driver { import wrpc:nats/client@0.1.0; }",
@@ -225,11 +225,12 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             Ok(member) => member,
             Err(e) => return Ok(Err(e)),
         };
+        // Payloads alone; a message with a status is left out.
+        let payloads = FilterMap::new(subscription, |m: async_nats::Message| {
+            m.status.is_none().then(|| m.payload.to_vec())
+        });
         let stream = accessor.with(|mut access| {
-            StreamReader::new(
-                &mut access,
-                BatchProducer::new(Payloads(subscription), |p| p),
-            )
+            StreamReader::new(&mut access, BatchProducer::new(payloads, |p| p))
         })?;
         Ok(Ok((id, stream)))
     }

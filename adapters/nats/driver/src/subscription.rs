@@ -287,29 +287,3 @@ impl PollBatch for Subscription {
         }
     }
 }
-
-/// A member's payloads alone, messages with a status left out: the batch source of
-/// `subscribe-payloads`.
-pub(crate) struct Payloads(pub(crate) Subscription);
-
-impl PollBatch for Payloads {
-    type Item = Vec<u8>;
-
-    fn poll_batch(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<Vec<Vec<u8>>>> {
-        loop {
-            let batch = match self.0.poll_batch(cx, max) {
-                Poll::Ready(Some(batch)) => batch,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            };
-            let payloads: Vec<Vec<u8>> = batch
-                .into_iter()
-                .filter(|m| m.status.is_none())
-                .map(|m| m.payload.to_vec())
-                .collect();
-            if !payloads.is_empty() {
-                return Poll::Ready(Some(payloads));
-            }
-        }
-    }
-}

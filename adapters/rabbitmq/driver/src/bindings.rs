@@ -47,6 +47,30 @@ fn amqp_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<AmqpDriv
 }
 
 /// Run `call` on the driver, bounded by [`CALL_TIMEOUT`]; the guest made progress after.
+/// `basic.consume` with `(channel, queue, no-ack, exclusive, arguments)`; its tag and a stream
+/// of its deliveries as `map` makes them.
+async fn consumed_as<T, U>(
+    accessor: &Accessor<T, HasSelf<Ctx>>,
+    (channel, queue, no_ack, exclusive, arguments): (u64, String, bool, bool, wit::FieldTable),
+    map: fn(wit::Delivery) -> U,
+) -> wasmtime::Result<Result<(String, StreamReader<U>), wit::AmqpError>>
+where
+    U: wasmtime::component::Lower + wasmtime::component::Lift + Send + Sync + 'static,
+{
+    let consumed = run(accessor, |d| async move {
+        d.consume(channel, queue, no_ack, exclusive, arguments)
+            .await
+    })
+    .await?;
+    let (tag, deliveries) = match consumed {
+        Ok(consumed) => consumed,
+        Err(e) => return Ok(Err(e)),
+    };
+    let stream = accessor
+        .with(|mut access| StreamReader::new(&mut access, BatchProducer::new(deliveries, map)))?;
+    Ok(Ok((tag, stream)))
+}
+
 async fn run<T, R, Fut>(
     accessor: &Accessor<T, HasSelf<Ctx>>,
     call: impl FnOnce(AmqpDriver) -> Fut,
@@ -288,19 +312,12 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         exclusive: bool,
         arguments: wit::FieldTable,
     ) -> wasmtime::Result<Result<(String, StreamReader<wit::Delivery>), wit::AmqpError>> {
-        let consumed = run(accessor, |d| async move {
-            d.consume(channel, queue, no_ack, exclusive, arguments)
-                .await
-        })
-        .await?;
-        let (tag, deliveries) = match consumed {
-            Ok(consumed) => consumed,
-            Err(e) => return Ok(Err(e)),
-        };
-        let stream = accessor.with(|mut access| {
-            StreamReader::new(&mut access, BatchProducer::new(deliveries, |d| d))
-        })?;
-        Ok(Ok((tag, stream)))
+        consumed_as(
+            accessor,
+            (channel, queue, no_ack, exclusive, arguments),
+            |d| d,
+        )
+        .await
     }
 
     async fn consume_bodies(
@@ -310,21 +327,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         exclusive: bool,
         arguments: wit::FieldTable,
     ) -> wasmtime::Result<Result<(String, StreamReader<Vec<u8>>), wit::AmqpError>> {
-        let consumed = run(accessor, |d| async move {
-            d.consume(channel, queue, true, exclusive, arguments).await
-        })
-        .await?;
-        let (tag, deliveries) = match consumed {
-            Ok(consumed) => consumed,
-            Err(e) => return Ok(Err(e)),
-        };
-        let stream = accessor.with(|mut access| {
-            StreamReader::new(
-                &mut access,
-                BatchProducer::new(deliveries, |d: wit::Delivery| d.body),
-            )
-        })?;
-        Ok(Ok((tag, stream)))
+        let consume = (channel, queue, true, exclusive, arguments);
+        consumed_as(accessor, consume, |d| d.body).await
     }
 
     async fn cancel(
