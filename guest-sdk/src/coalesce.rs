@@ -6,18 +6,32 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::rc::Rc;
 
-use futures::channel::oneshot;
+use crate::signal::Latch;
+
+/// Where one item's answer goes: filled at most once; the latch is set when the answer is
+/// there or will not come (this end dropped).
+struct Reply<R>(Rc<(RefCell<Option<R>>, Latch)>);
+
+impl<R> Drop for Reply<R> {
+    fn drop(&mut self) {
+        (self.0).1.set();
+    }
+}
 
 /// Items waiting to go to the broker together, each with where its answer goes.
 pub struct Coalesce<I, R> {
-    waiting: RefCell<Vec<(I, oneshot::Sender<R>)>>,
+    waiting: RefCell<Vec<(I, Reply<R>)>>,
+    /// The task of the call that sends what waits ([`crate::bell::current_task`]).
+    sender: Cell<usize>,
 }
 
 impl<I, R> Default for Coalesce<I, R> {
     fn default() -> Self {
         Self {
             waiting: RefCell::new(Vec::new()),
+            sender: Cell::new(0),
         }
     }
 }
@@ -31,23 +45,35 @@ impl<I, R> Coalesce<I, R> {
     where
         Fut: Future<Output = Vec<R>>,
     {
-        let (tx, rx) = oneshot::channel();
+        let answer = Rc::new((RefCell::new(None), Latch::new()));
+        let here = crate::bell::current_task();
         let first = {
             let mut waiting = self.waiting.borrow_mut();
-            waiting.push((item, tx));
+            waiting.push((item, Reply(answer.clone())));
             waiting.len() == 1
         };
+        if first {
+            self.sender.set(here);
+        }
+        // A call the sender's own task made (the settlements of one batch) is answered in that
+        // task: no bell for it.
+        let sent_here = self.sender.get() == here;
         if first {
             if TURN.get() > 1 {
                 wit_bindgen::yield_async().await;
             }
             let batch = std::mem::take(&mut *self.waiting.borrow_mut());
             let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
-            for (reply, answer) in replies.into_iter().zip(send(items).await) {
-                let _ = reply.send(answer);
+            for (reply, answered) in replies.into_iter().zip(send(items).await) {
+                *(reply.0).0.borrow_mut() = Some(answered);
             }
         }
-        rx.await.ok()
+        if sent_here {
+            answer.1.wait_here().await;
+        } else {
+            answer.1.wait().await;
+        }
+        answer.0.borrow_mut().take()
     }
 }
 

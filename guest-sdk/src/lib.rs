@@ -28,6 +28,7 @@ pub mod bindings {
     });
 }
 
+mod bell;
 pub mod coalesce;
 pub mod headers;
 pub mod ids;

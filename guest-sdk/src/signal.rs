@@ -2,29 +2,145 @@
 //! pump ended"), a [`Notify`] that can fire many times ("a delivery was settled") and a
 //! [`Ticker`], the host timer of a loop that waits for many things in turn.
 //!
-//! Both are single-threaded (`Rc`, like everything in a component instance). Waking a task
-//! that belongs to another export call needs `wit-bindgen`'s `inter-task-wakeup` feature,
-//! which this crate turns on.
+//! They are single-threaded (`Rc`, like everything in a component instance). A waiter polled by
+//! one export call's task and woken from another's is rung through a bell ([`crate::bell`]):
+//! wit-bindgen's `inter-task-wakeup` feature is off, and any other Rust-level wake-up across
+//! export calls (a `futures` channel, say) panics — use these.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-/// The tasks parked on a signal; each waker is kept once.
+use crate::bell;
+
+/// A future parked on a signal: one [`Waiting`], by its key.
+struct Parked {
+    key: u64,
+    waker: Waker,
+    /// The task that polled it last ([`bell::current_task`]; 0 outside a task).
+    task: usize,
+}
+
+/// The futures parked on a signal.
 #[derive(Default)]
-struct Waiters(Vec<Waker>);
+struct Waiters(Vec<Parked>);
 
 impl Waiters {
-    fn park(&mut self, cx: &Context<'_>) {
-        if !self.0.iter().any(|w| w.will_wake(cx.waker())) {
-            self.0.push(cx.waker().clone());
+    fn park(&mut self, key: u64, cx: &Context<'_>, task: usize) {
+        match self.0.iter_mut().find(|p| p.key == key) {
+            Some(parked) => {
+                parked.waker.clone_from(cx.waker());
+                parked.task = task;
+            }
+            None => self.0.push(Parked {
+                key,
+                waker: cx.waker().clone(),
+                task,
+            }),
         }
     }
 
-    fn take(&mut self) -> Vec<Waker> {
-        std::mem::take(&mut self.0)
+    fn forget(&mut self, key: u64) {
+        self.0.retain(|p| p.key != key);
+    }
+
+    /// Wake every parked future: one of the task being polled through its waker, one of
+    /// another task through that task's bell.
+    fn wake_all(parked: Vec<Parked>) {
+        let here = bell::current_task();
+        for p in parked {
+            if p.task == here || p.task == 0 {
+                p.waker.wake();
+            } else {
+                bell::ring(p.task, p.waker);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The key of the next [`Waiting`] future.
+    static NEXT_KEY: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A wait on a signal whose state is `(T, Waiters)`, done once `done(&T, seen)` says so.
+struct Waiting<T> {
+    state: Rc<RefCell<(T, Waiters)>>,
+    done: fn(&T, u64) -> bool,
+    seen: u64,
+    key: u64,
+    /// The task it parked in, once it did.
+    parked: Option<usize>,
+    /// Whether its task keeps a bell armed for it (see [`Latch::wait_here`]).
+    bell: bool,
+}
+
+impl<T> Waiting<T> {
+    fn new(state: Rc<RefCell<(T, Waiters)>>, done: fn(&T, u64) -> bool, seen: u64) -> Self {
+        let key = NEXT_KEY.get();
+        NEXT_KEY.set(key + 1);
+        Self {
+            state,
+            done,
+            seen,
+            key,
+            parked: None,
+            bell: true,
+        }
+    }
+}
+
+impl<T> Future for Waiting<T> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if (this.done)(&this.state.borrow().0, this.seen) {
+            this.unpark();
+            return Poll::Ready(());
+        }
+        // Parked in the task polling it (a future polled by another task than before moves).
+        let task = bell::current_task();
+        match this.parked {
+            Some(parked) if parked == task => {
+                if this.bell {
+                    bell::repark(task);
+                }
+            }
+            parked => {
+                if this.bell {
+                    if let Some(old) = parked {
+                        bell::leave(old);
+                    }
+                    bell::park(task);
+                }
+                this.parked = Some(task);
+            }
+        }
+        this.state.borrow_mut().1.park(this.key, cx, task);
+        Poll::Pending
+    }
+}
+
+impl<T> Waiting<T> {
+    /// Waiting no more: out of the signal's waiters and its task's bell.
+    fn unpark(&mut self) {
+        if let Some(task) = self.parked.take() {
+            if let Ok(mut state) = self.state.try_borrow_mut() {
+                state.1.forget(self.key);
+            }
+            if self.bell {
+                bell::leave(task);
+            }
+        }
+    }
+}
+
+impl<T> Drop for Waiting<T> {
+    fn drop(&mut self) {
+        self.unpark();
     }
 }
 
@@ -40,12 +156,12 @@ impl Latch {
 
     /// Set the latch and wake every waiter. Setting it again does nothing.
     pub fn set(&self) {
-        let wakers = {
+        let parked = {
             let mut state = self.0.borrow_mut();
             state.0 = true;
-            state.1.take()
+            std::mem::take(&mut (state.1).0)
         };
-        wakers.into_iter().for_each(Waker::wake);
+        Waiters::wake_all(parked);
     }
 
     /// Whether the latch is set.
@@ -55,16 +171,16 @@ impl Latch {
 
     /// Resolves once the latch is set.
     pub fn wait(&self) -> impl Future<Output = ()> + 'static {
-        let state = self.0.clone();
-        poll_fn(move |cx| {
-            let mut state = state.borrow_mut();
-            if state.0 {
-                Poll::Ready(())
-            } else {
-                state.1.park(cx);
-                Poll::Pending
-            }
-        })
+        Waiting::new(self.0.clone(), |set, _| *set, 0)
+    }
+
+    /// Resolves once the latch is set, which only code polled by this same task does (or code
+    /// outside any task): no bell is armed for it, so a waiter that does not sleep costs no
+    /// host call.
+    pub(crate) fn wait_here(&self) -> impl Future<Output = ()> + 'static {
+        let mut waiting = Waiting::new(self.0.clone(), |set, _| *set, 0);
+        waiting.bell = false;
+        waiting
     }
 }
 
@@ -82,27 +198,18 @@ impl Notify {
 
     /// Wake every task waiting on a [`Notify::notified`] future.
     pub fn notify(&self) {
-        let wakers = {
+        let parked = {
             let mut state = self.0.borrow_mut();
             state.0 += 1;
-            state.1.take()
+            std::mem::take(&mut (state.1).0)
         };
-        wakers.into_iter().for_each(Waker::wake);
+        Waiters::wake_all(parked);
     }
 
     /// Resolves on the next [`Notify::notify`].
     pub fn notified(&self) -> impl Future<Output = ()> + 'static {
-        let state = self.0.clone();
-        let seen = state.borrow().0;
-        poll_fn(move |cx| {
-            let mut state = state.borrow_mut();
-            if state.0 != seen {
-                Poll::Ready(())
-            } else {
-                state.1.park(cx);
-                Poll::Pending
-            }
-        })
+        let seen = self.0.borrow().0;
+        Waiting::new(self.0.clone(), |count, seen| *count != seen, seen)
     }
 }
 
