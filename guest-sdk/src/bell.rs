@@ -11,6 +11,8 @@
 //! while any of its futures waits, and an idle bell stays armed for the next task to wait;
 //! this crate leaves the feature off.
 
+use std::task::Waker;
+
 /// The task being polled: its wit-bindgen state's address (`wasip3_task.ptr`, the documented ABI
 /// by which wit-bindgen's executor tells libraries the current task); 0 outside a task and on
 /// native targets.
@@ -49,44 +51,46 @@ pub(crate) fn current_task() -> usize {
 /// the task keeps a bell armed while any of its futures waits, so a notifier polled by another
 /// task can [`ring`] it. Outside a task (0) no bell is armed.
 pub(crate) fn park(task: usize) {
-    #[cfg(target_family = "wasm")]
     if task != 0 {
         armed::park(task);
     }
-    #[cfg(not(target_family = "wasm"))]
-    let _ = task;
 }
 
 /// A future parked by `task` is polled again by it while it waits: a bell that rang is armed
 /// again.
 pub(crate) fn repark(task: usize) {
-    #[cfg(target_family = "wasm")]
     if task != 0 {
         armed::rearm(task);
     }
-    #[cfg(not(target_family = "wasm"))]
-    let _ = task;
 }
 
 /// A future parked by `task` waits no longer; once none of the task's does, its bell goes idle
 /// (still armed) for the next task to wait.
 pub(crate) fn leave(task: usize) {
-    #[cfg(target_family = "wasm")]
     if task != 0 {
         armed::leave(task);
     }
-    #[cfg(not(target_family = "wasm"))]
-    let _ = task;
 }
 
 /// Wake `waker`, of a future `task` parked, from another task: the task's bell rings (one
 /// stream write, once until it is armed again) and, as the ring is delivered to that task,
-/// `waker` is woken there.
-pub(crate) fn ring(task: usize, waker: std::task::Waker) {
-    #[cfg(target_family = "wasm")]
-    armed::ring(task, waker);
-    #[cfg(not(target_family = "wasm"))]
-    let _ = (task, waker);
+/// `waker` is woken there. `Err(waker)` when the task has no bell.
+pub(crate) fn ring(task: usize, waker: Waker) -> Result<(), Waker> {
+    armed::ring(task, waker)
+}
+
+#[cfg(not(target_family = "wasm"))]
+mod armed {
+    //! No bells on a native target (the crate's own tests): every waiter is woken by its waker.
+
+    use std::task::Waker;
+
+    pub(super) fn park(_task: usize) {}
+    pub(super) fn rearm(_task: usize) {}
+    pub(super) fn leave(_task: usize) {}
+    pub(super) fn ring(_task: usize, waker: Waker) -> Result<(), Waker> {
+        Err(waker)
+    }
 }
 
 #[cfg(target_family = "wasm")]
@@ -288,19 +292,23 @@ mod armed {
         }
     }
 
-    pub(super) fn ring(task: usize, waker: Waker) {
+    pub(super) fn ring(task: usize, waker: Waker) -> Result<(), Waker> {
+        let mut waker = Some(waker);
         let handle = with_bell(task, |bell| {
-            bell.woken.push(waker);
+            bell.woken.extend(waker.take());
             if bell.rung {
                 return None;
             }
             bell.rung = true;
             Some(bell.pair.writer.handle())
-        })
-        .flatten();
-        if let Some(handle) = handle {
+        });
+        if let Some(waker) = waker {
+            return Err(waker);
+        }
+        if let Some(handle) = handle.flatten() {
             unit::ring(handle);
         }
+        Ok(())
     }
 }
 
