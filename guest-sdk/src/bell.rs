@@ -274,9 +274,13 @@ mod armed {
             (bells[i].users == 0).then(|| bells.swap_remove(i))
         });
         match idle {
-            Some(bell) => {
+            Some(mut bell) => {
                 // Still armed, for the next task to wait; the oldest beyond the bound is
-                // disarmed (dropping its reading cancels the read) and its stream pooled.
+                // disarmed (dropping its reading cancels the read) and its stream pooled. The
+                // wakers rung for are dropped: their futures wait no more, and woken later from
+                // another task (the one that takes the bell over) they could reach a sleeping
+                // task, which wit-bindgen does not allow.
+                bell.woken.clear();
                 let oldest = IDLE.with_borrow_mut(|idle| {
                     idle.push(bell);
                     (idle.len() > IDLE_BELLS).then(|| idle.remove(0))
