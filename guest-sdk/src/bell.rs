@@ -97,7 +97,7 @@ mod armed {
 mod armed {
     //! The bells in use, one per task with a future waiting on a signal (a handful at a time,
     //! so a list); the idle ones, still armed, which the next task to wait takes over (no host
-    //! call when it is the task that left it, one join when another); and a pool of streams.
+    //! call when it is the task that left it, one join when another).
 
     use std::cell::{Cell, RefCell};
     use std::future::Future;
@@ -116,21 +116,16 @@ mod armed {
     /// disarmed.
     const IDLE_BELLS: usize = 8;
 
-    /// Both ends of a unit stream.
-    struct Pair {
-        reader: Rc<RefCell<RawStreamReader<Unit>>>,
-        writer: RawStreamWriter<Unit>,
-    }
-
     /// A task's bell.
     struct TaskBell {
         /// The task it is armed in (what [`Rang`] holds too).
         task: usize,
-        /// Reads `pair` over and over, counting each read that ended in `reads` (taken out
+        /// Reads its stream over and over, counting each read that ended in `reads` (taken out
         /// while polled; dropped, it cancels the read pending).
         reading: Option<Pin<Box<dyn Future<Output = ()>>>>,
         reads: Rc<Cell<u64>>,
-        pair: Pair,
+        /// The write end a notifier rings (dropped after `reading`, which holds the read end).
+        writer: RawStreamWriter<Unit>,
         /// What the read wakes when it ends.
         rang: Arc<Rang>,
         /// How many of this task's futures wait on a signal.
@@ -146,7 +141,6 @@ mod armed {
     thread_local! {
         static BELLS: RefCell<Vec<TaskBell>> = const { RefCell::new(Vec::new()) };
         static IDLE: RefCell<Vec<TaskBell>> = const { RefCell::new(Vec::new()) };
-        static STREAMS: RefCell<Vec<Pair>> = const { RefCell::new(Vec::new()) };
     }
 
     fn with_bell<R>(task: usize, f: impl FnOnce(&mut TaskBell) -> R) -> Option<R> {
@@ -175,14 +169,10 @@ mod armed {
 
     /// Read `reader` one unit at a time for as long as this future lives, counting the reads.
     fn reading(
-        reader: Rc<RefCell<RawStreamReader<Unit>>>,
+        mut reader: RawStreamReader<Unit>,
         reads: Rc<Cell<u64>>,
     ) -> Pin<Box<dyn Future<Output = ()>>> {
-        // Only this future borrows the reader while it lives; the pool takes the stream back
-        // after it is dropped.
-        #[allow(clippy::await_holding_refcell_ref)]
         Box::pin(async move {
-            let mut reader = reader.borrow_mut();
             loop {
                 let _ = reader.read(Vec::new()).await;
                 reads.set(reads.get() + 1);
@@ -190,8 +180,7 @@ mod armed {
         })
     }
 
-    /// A bell for `task`: an idle one taken over (its own first), else a new one on a pooled
-    /// stream.
+    /// A bell for `task`: an idle one taken over (its own first), else a new one.
     fn bell_for(task: usize) -> TaskBell {
         let idle = IDLE.with_borrow_mut(|idle| {
             let i = idle.iter().rposition(|b| b.task == task);
@@ -209,20 +198,14 @@ mod armed {
             }
             return bell;
         }
-        let pair = STREAMS.with_borrow_mut(Vec::pop).unwrap_or_else(|| {
-            // SAFETY: `Unit`'s operations are the unit stream's intrinsics.
-            let (writer, reader) = unsafe { raw_stream_new(Unit) };
-            Pair {
-                reader: Rc::new(RefCell::new(reader)),
-                writer,
-            }
-        });
+        // SAFETY: `Unit`'s operations are the unit stream's intrinsics.
+        let (writer, reader) = unsafe { raw_stream_new(Unit) };
         let reads = Rc::new(Cell::new(0));
         TaskBell {
             task,
-            reading: Some(reading(pair.reader.clone(), reads.clone())),
+            reading: Some(reading(reader, reads.clone())),
             reads,
-            pair,
+            writer,
             rang: Arc::new(Rang(AtomicUsize::new(task))),
             users: 0,
             stale: true,
@@ -276,7 +259,7 @@ mod armed {
         match idle {
             Some(mut bell) => {
                 // Still armed, for the next task to wait; the oldest beyond the bound is
-                // disarmed (dropping its reading cancels the read) and its stream pooled. The
+                // dropped (its reading first, which cancels the read). The
                 // wakers rung for are dropped: their futures wait no more, and woken later from
                 // another task (the one that takes the bell over) they could reach a sleeping
                 // task, which wit-bindgen does not allow.
@@ -285,10 +268,7 @@ mod armed {
                     idle.push(bell);
                     (idle.len() > IDLE_BELLS).then(|| idle.remove(0))
                 });
-                if let Some(mut oldest) = oldest {
-                    oldest.reading = None;
-                    STREAMS.with_borrow_mut(|streams| streams.push(oldest.pair));
-                }
+                drop(oldest);
             }
             // The others still wait: a bell that rang for this one is armed again for them.
             None if rung && super::current_task() == task => rearm(task),
@@ -297,19 +277,15 @@ mod armed {
     }
 
     pub(super) fn ring(task: usize, waker: Waker) -> Result<(), Waker> {
-        let mut waker = Some(waker);
-        let handle = with_bell(task, |bell| {
-            bell.woken.extend(waker.take());
-            if bell.rung {
-                return None;
-            }
-            bell.rung = true;
-            Some(bell.pair.writer.handle())
-        });
-        if let Some(waker) = waker {
-            return Err(waker);
-        }
-        if let Some(handle) = handle.flatten() {
+        let handle = BELLS.with_borrow_mut(|bells| {
+            let Some(bell) = bells.iter_mut().find(|b| b.task == task) else {
+                return Err(waker);
+            };
+            bell.woken.push(waker);
+            // Rung already: the read's event is on its way, and wakes this one too.
+            Ok((!std::mem::replace(&mut bell.rung, true)).then(|| bell.writer.handle()))
+        })?;
+        if let Some(handle) = handle {
             unit::ring(handle);
         }
         Ok(())
