@@ -74,8 +74,6 @@ const OPTIONS: &[Spec] = &[
         doc: "num_replicas of the streams this adapter creates.",
     },
 ];
-/// How many items one read of a driver stream takes at most.
-const BATCH: usize = 256;
 /// The characters a name keeps in a subject token or stream name.
 const SAFE: &str = "A-Za-z0-9-";
 /// The longest stream name we make (JetStream allows 255; the file store needs headroom).

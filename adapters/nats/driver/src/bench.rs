@@ -12,6 +12,8 @@ use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 use wrpc_broker_runtime::pages::PageSize;
 
+use crate::checked::Checked;
+
 use wrpc_broker_runtime::bench::{
     APPEND_BATCH, CATCH_UP, FAN_OUT_PAYLOADS, NativeBench, QUEUE_BATCH, Sample, Workload, joined,
     shared_subscription, timed, unique,
@@ -70,27 +72,19 @@ fn append_headers(stream: &str, id: &str, after: Option<&str>) -> async_nats::He
 const REPLY_TO: &str = "x-wrpc-reply-to";
 const CORRELATION_ID: &str = "x-wrpc-correlation-id";
 
-/// A direct send as the NATS adapter makes one (`adapters/nats/src/direct.rs`): a PUB whose
-/// NATS reply subject is this send's own `<base>.<n>` (the server answers 503 there when nobody
-/// subscribes), then a marker PUB to `<base>.m<n>`, awaited on the sender's one wildcard
-/// subscription of `<base>.>`: a 503 before the marker means nobody took the packet.
+/// A direct send as the NATS adapter makes one: the driver's checked publish (`checked.rs`), a
+/// PUB with a reply subject of the sender's own and a marker PUB, the marker awaited on the
+/// sender's one wildcard subscription (a 503 before it means nobody took the packet).
 struct Sender {
     client: async_nats::Client,
-    base: String,
-    next: u64,
-    mux: async_nats::Subscriber,
+    checked: Checked,
 }
 
 impl Sender {
     async fn new(client: &async_nats::Client) -> anyhow::Result<Self> {
-        let base = client.new_inbox();
-        let mux = client.subscribe(format!("{base}.>")).await?;
-        client.flush().await?;
         Ok(Self {
             client: client.clone(),
-            base,
-            next: 0,
-            mux,
+            checked: Checked::default(),
         })
     }
 
@@ -101,35 +95,16 @@ impl Sender {
         headers: async_nats::HeaderMap,
         payload: &[u8],
     ) -> anyhow::Result<()> {
-        self.next += 1;
-        let (reply, marker) = (
-            format!("{}.{}", self.base, self.next),
-            format!("{}.m{}", self.base, self.next),
-        );
-        self.client
-            .publish_with_reply_and_headers(
+        self.checked
+            .publish(
+                &self.client,
                 subject.to_string(),
-                reply.clone(),
                 headers,
                 payload.to_vec().into(),
+                Duration::from_secs(5),
             )
-            .await?;
-        self.client
-            .publish(marker.clone(), bytes::Bytes::new())
-            .await?;
-        loop {
-            let message = tokio::time::timeout(Duration::from_secs(5), self.mux.next())
-                .await
-                .context("no marker within 5 s")?
-                .context("the marker subscription ended")?;
-            if message.subject.as_str() == marker {
-                return Ok(());
-            }
-            ensure!(
-                message.subject.as_str() != reply,
-                "nobody listens on {subject}"
-            );
-        }
+            .await
+            .map_err(|e| anyhow::anyhow!("send to {subject}: {e:?}"))
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
+use super::checked::Unchecked;
 use super::subscription::Subscription;
 use super::{NatsDriver, faults};
 use wrpc_broker_runtime::sandbox::Ctx;
@@ -199,6 +200,46 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         };
         let result = publish.await;
         Ok(result)
+    }
+
+    async fn publish_checked(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        headers: wit::Headers,
+        payload: Vec<u8>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<(), wit::NatsError>> {
+        let driver = nats_of(accessor)?;
+        let publish = async {
+            check_faults(&subject)?;
+            let headers = header_map(headers)?.unwrap_or_default();
+            let timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
+            driver
+                .checked
+                .publish(
+                    &driver.client,
+                    subject.clone(),
+                    headers,
+                    payload.into(),
+                    timeout,
+                )
+                .await
+                .map_err(|e| match e {
+                    Unchecked::NoResponders => {
+                        wit::NatsError::NoResponders(format!("{subject}: no responders"))
+                    }
+                    Unchecked::Timeout => wit::NatsError::Timeout(format!(
+                        "{subject}: not routed within {timeout_ms} ms"
+                    )),
+                    Unchecked::BadRequest(why) => {
+                        wit::NatsError::BadRequest(format!("{subject}: {why}"))
+                    }
+                    Unchecked::Unavailable(why) => {
+                        wit::NatsError::Unavailable(format!("{subject}: {why}"))
+                    }
+                })
+        };
+        Ok(publish.await)
     }
 
     async fn subscribe(

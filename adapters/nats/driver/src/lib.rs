@@ -7,6 +7,7 @@
 
 mod bench;
 mod bindings;
+mod checked;
 mod faults;
 mod subscription;
 
@@ -33,6 +34,8 @@ pub struct NatsDriver {
     client: async_nats::Client,
     /// The subscriptions components hold on this connection.
     subscriptions: Arc<subscription::Subscriptions>,
+    /// Publishes that learn whether anyone took them (`publish-checked`).
+    checked: Arc<checked::Checked>,
 }
 
 impl NatsDriver {
@@ -55,6 +58,7 @@ impl NatsDriver {
         Ok(NatsDriver {
             client,
             subscriptions: Arc::default(),
+            checked: Arc::default(),
         })
     }
 
