@@ -81,11 +81,11 @@ struct Sender {
 }
 
 impl Sender {
-    async fn new(client: &async_nats::Client) -> anyhow::Result<Self> {
-        Ok(Self {
+    fn new(client: &async_nats::Client) -> Self {
+        Self {
             client: client.clone(),
             checked: Checked::default(),
-        })
+        }
     }
 
     /// Send `payload` to `subject`; an error when nobody subscribes to it.
@@ -391,7 +391,7 @@ impl Native {
         let inbox = self.client.new_inbox();
         let mut requests = self.client.subscribe(subject.clone()).await?;
         let mut replies = self.client.subscribe(inbox.clone()).await?;
-        let mut replier = Sender::new(&self.client).await?;
+        let mut replier = Sender::new(&self.client);
         let responder = tokio::spawn(async move {
             while let Some(request) = requests.next().await {
                 let header = |name| {
@@ -406,7 +406,7 @@ impl Native {
             }
             anyhow::Ok(())
         });
-        let mut sender = Sender::new(&self.client).await?;
+        let mut sender = Sender::new(&self.client);
         let started = Instant::now();
         let mut sample = Sample::default();
         while started.elapsed() < work.slice {

@@ -6,7 +6,6 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::{Accessor, HasSelf, Linker, StreamReader};
 
-use super::checked::Unchecked;
 use super::subscription::Subscription;
 use super::{NatsDriver, faults};
 use wrpc_broker_runtime::sandbox::Ctx;
@@ -18,7 +17,7 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-use wrpc::nats::client as wit;
+pub(crate) use wrpc::nats::client as wit;
 
 /// How long `subscribe` and `flush` wait for the server's round trip.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,6 +81,17 @@ fn message(m: async_nats::Message) -> wit::Message {
         payload: m.payload.to_vec(),
         status: m.status.map(|s| s.as_u16()),
         description: m.description.unwrap_or_default(),
+    }
+}
+
+/// A publish the client refused: a subject or a size NATS does not take is a bad request.
+pub(crate) fn publish_error(e: async_nats::PublishError) -> wit::NatsError {
+    use async_nats::client::PublishErrorKind as Kind;
+    match e.kind() {
+        Kind::InvalidSubject | Kind::MaxPayloadExceeded => {
+            wit::NatsError::BadRequest(e.to_string())
+        }
+        _ => wit::NatsError::Unavailable(e.to_string()),
     }
 }
 
@@ -190,13 +200,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
                         .await
                 }
             };
-            sent.map_err(|e| match e.kind() {
-                async_nats::client::PublishErrorKind::InvalidSubject
-                | async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    wit::NatsError::BadRequest(e.to_string())
-                }
-                _ => wit::NatsError::Unavailable(e.to_string()),
-            })
+            sent.map_err(publish_error)
         };
         let result = publish.await;
         Ok(result)
@@ -214,30 +218,10 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
             check_faults(&subject)?;
             let headers = header_map(headers)?.unwrap_or_default();
             let timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
-            driver
-                .checked
-                .publish(
-                    &driver.client,
-                    subject.clone(),
-                    headers,
-                    payload.into(),
-                    timeout,
-                )
+            let client = &driver.client;
+            (driver.checked)
+                .publish(client, subject, headers, payload.into(), timeout)
                 .await
-                .map_err(|e| match e {
-                    Unchecked::NoResponders => {
-                        wit::NatsError::NoResponders(format!("{subject}: no responders"))
-                    }
-                    Unchecked::Timeout => wit::NatsError::Timeout(format!(
-                        "{subject}: not routed within {timeout_ms} ms"
-                    )),
-                    Unchecked::BadRequest(why) => {
-                        wit::NatsError::BadRequest(format!("{subject}: {why}"))
-                    }
-                    Unchecked::Unavailable(why) => {
-                        wit::NatsError::Unavailable(format!("{subject}: {why}"))
-                    }
-                })
         };
         Ok(publish.await)
     }

@@ -23,18 +23,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
-/// Why a checked publish did not reach a subscriber.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Unchecked {
-    /// The server answered 503: nobody subscribes to the subject.
-    NoResponders,
-    /// The marker did not come back in time.
-    Timeout,
-    /// The subject, a header or the size is not something NATS takes.
-    BadRequest(String),
-    /// The connection is closed, or was lost before the marker came back.
-    Unavailable(String),
-}
+use crate::bindings::{publish_error, wit};
 
 /// One publish waiting for its marker: whether a 503 came first, and where to tell it.
 struct Waiter {
@@ -127,7 +116,7 @@ impl std::fmt::Debug for Checked {
 
 impl Checked {
     /// The live mux of `client`, subscribing first when there is none.
-    async fn mux(&self, client: &async_nats::Client) -> Result<Arc<Mux>, Unchecked> {
+    async fn mux(&self, client: &async_nats::Client) -> Result<Arc<Mux>, wit::NatsError> {
         let live = |slot: &Option<Live>| {
             slot.as_ref()
                 .filter(|live| !live.mux.ended.load(Ordering::Relaxed))
@@ -142,7 +131,7 @@ impl Checked {
         let answers = client
             .subscribe(format!("{base}.>"))
             .await
-            .map_err(|e| Unchecked::Unavailable(format!("subscribe to {base}.>: {e}")))?;
+            .map_err(|e| wit::NatsError::Unavailable(format!("subscribe to {base}.>: {e}")))?;
         let mut slot = self.slot();
         if let Some(mux) = live(&slot) {
             // Another publish made one meanwhile: ours unsubscribes as it is dropped.
@@ -168,8 +157,8 @@ impl Checked {
     }
 
     /// Publish `payload` to `subject` and answer once the server routed it to a subscriber
-    /// (`Ok`), or said nobody subscribes ([`Unchecked::NoResponders`]); [`Unchecked::Timeout`]
-    /// when neither is known within `timeout`.
+    /// (`Ok`), or said nobody subscribes (`no-responders`); `timeout` when neither is known
+    /// within `timeout`, `unavailable` when the connection was lost first.
     pub(crate) async fn publish(
         &self,
         client: &async_nats::Client,
@@ -177,16 +166,16 @@ impl Checked {
         headers: HeaderMap,
         payload: Bytes,
         timeout: Duration,
-    ) -> Result<(), Unchecked> {
+    ) -> Result<(), wit::NatsError> {
+        let lost =
+            || wit::NatsError::Unavailable(format!("{subject}: the connection to NATS was lost"));
         let mux = self.mux(client).await?;
         let number = mux.next.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
         {
             let mut waiting = mux.waiting();
             if mux.ended.load(Ordering::Relaxed) {
-                return Err(Unchecked::Unavailable(
-                    "the connection to NATS was lost".into(),
-                ));
+                return Err(lost());
             }
             waiting.insert(
                 number,
@@ -197,31 +186,25 @@ impl Checked {
             );
         }
         let _registered = Registered { mux: &mux, number };
-        let unavailable = |e: async_nats::PublishError| {
-            use async_nats::client::PublishErrorKind as Kind;
-            match e.kind() {
-                Kind::InvalidSubject | Kind::MaxPayloadExceeded => {
-                    Unchecked::BadRequest(e.to_string())
-                }
-                _ => Unchecked::Unavailable(e.to_string()),
-            }
-        };
         let reply = format!("{}.{number}", mux.base);
         client
-            .publish_with_reply_and_headers(subject, reply, headers, payload)
+            .publish_with_reply_and_headers(subject.clone(), reply, headers, payload)
             .await
-            .map_err(unavailable)?;
+            .map_err(publish_error)?;
         client
             .publish(format!("{}.m{number}", mux.base), Bytes::new())
             .await
-            .map_err(unavailable)?;
+            .map_err(publish_error)?;
         match tokio::time::timeout(timeout, answered).await {
             Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(Unchecked::NoResponders),
-            Ok(Err(_)) => Err(Unchecked::Unavailable(
-                "the connection to NATS was lost".into(),
-            )),
-            Err(_) => Err(Unchecked::Timeout),
+            Ok(Ok(false)) => Err(wit::NatsError::NoResponders(format!(
+                "{subject}: no responders"
+            ))),
+            Ok(Err(_)) => Err(lost()),
+            Err(_) => Err(wit::NatsError::Timeout(format!(
+                "{subject}: not routed within {} ms",
+                timeout.as_millis()
+            ))),
         }
     }
 }
@@ -258,11 +241,11 @@ mod tests {
         .await;
         for (n, answer) in answers.iter().enumerate() {
             let expected = if n % 2 == 0 {
-                Ok(())
+                matches!(answer, Ok(()))
             } else {
-                Err(Unchecked::NoResponders)
+                matches!(answer, Err(wit::NatsError::NoResponders(_)))
             };
-            assert_eq!(answer, &expected, "publish {n}");
+            assert!(expected, "publish {n}: {answer:?}");
         }
         for n in (0..64u8).step_by(2) {
             let m = tokio::time::timeout(second, listener.next())
