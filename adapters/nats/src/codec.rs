@@ -79,6 +79,11 @@ pub(crate) fn number(nats: &Headers, name: &str) -> Option<u64> {
         .ok()
 }
 
+/// Header names as the driver's `…-keeping` calls take them.
+pub(crate) fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
 /// Push header `name` with a text value.
 pub(crate) fn push(nats: &mut Headers, name: &str, value: impl Into<String>) {
     nats.push((name.to_string(), value.into().into_bytes()));

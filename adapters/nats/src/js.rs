@@ -79,7 +79,7 @@ pub(crate) async fn request(
         headers,
         payload,
     };
-    request_all(vec![one], no_responders_final)
+    request_all(vec![one], no_responders_final, None)
         .await
         .pop()
         .expect("one answer per request")
@@ -87,10 +87,12 @@ pub(crate) async fn request(
 
 /// Requests sent together in one driver call; those the server did not answer (timeout,
 /// unavailable, no responders unless `no_responders_final`) are tried again together while it
-/// is away, after the pauses of [`PATIENCE_MS`]. One answer per request, in order.
+/// is away, after the pauses of [`PATIENCE_MS`]. One answer per request, in order; with
+/// `keep`, each with only the headers it names (the driver's `request-all-keeping`).
 pub(crate) async fn request_all(
     requests: Vec<client::Outgoing>,
     no_responders_final: bool,
+    keep: Option<&[&str]>,
 ) -> Vec<Result<client::Message, NatsError>> {
     let mut answers: Vec<Option<Result<client::Message, NatsError>>> =
         requests.iter().map(|_| None).collect();
@@ -101,7 +103,10 @@ pub(crate) async fn request_all(
     };
     while !open.is_empty() {
         let sent = open.iter().map(|&i| requests[i].clone()).collect();
-        let got = client::request_all(sent, REQUEST_MS).await;
+        let got = match keep {
+            None => client::request_all(sent, REQUEST_MS).await,
+            Some(keep) => client::request_all_keeping(sent, REQUEST_MS, codec::names(keep)).await,
+        };
         let mut unanswered = Vec::new();
         for (i, answer) in open.into_iter().zip(got) {
             if answer.as_ref().is_err_and(again) {
@@ -245,7 +250,7 @@ where
                 }
             })
             .collect();
-        for reply in request_all(sends, true).await {
+        for reply in request_all(sends, true, None).await {
             let reply = reply.map_err(Fail::Nats).and_then(|m| pub_ack(&m));
             match reply {
                 Ok(seq) => seqs.push(seq),

@@ -35,6 +35,10 @@ use wrpc_broker_guest::relay::ReadSize;
 use wrpc_broker_guest::signal::Ticker;
 use wrpc_broker_guest::{Error, Position, Start, host};
 
+/// The NATS headers an entry is made of: the rest of a stored message's stay in the host.
+const ENTRY_HEADERS: [&str; 2] = [codec::KEY, codec::HEADERS];
+/// A tail's heartbeat header: the stream sequence the consumer last delivered.
+const LAST_STREAM: &str = "Nats-Last-Stream";
 /// How many direct gets a page has in flight at once (one `request-all` call each).
 const GETS_IN_FLIGHT: usize = 64;
 /// The tail consumer's idle heartbeat, in milliseconds.
@@ -178,6 +182,8 @@ fn delivered_seq(reply: &str) -> Option<u64> {
 }
 
 /// Fetch sequences `from..to` with direct gets; `None` for a sequence the stream no longer has.
+/// Each reply brings only the headers an entry is made of (the server adds four of its own and
+/// keeps the publish's `Nats-Msg-Id` and `Nats-Expected-*`).
 async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>, Error> {
     let subject = format!("$JS.API.DIRECT.GET.{stream}");
     let mut out = Vec::with_capacity((to - from) as usize);
@@ -191,7 +197,7 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
                 payload: format!("{{\"seq\":{s}}}").into_bytes(),
             })
             .collect();
-        for got in js::request_all(gets, false).await {
+        for got in js::request_all(gets, false, Some(&ENTRY_HEADERS)).await {
             let m = got.map_err(crate::nats_error)?;
             match m.status {
                 None => out.push(Some(m)),
@@ -299,7 +305,8 @@ impl Guest for Component {
         let state = state(&config, &topic).await?;
         let start = start_seq(&state, &origin)?;
         let deliver = client::new_inbox();
-        let (_, deliveries) = client::subscribe(deliver.clone(), None)
+        let keep = [codec::KEY, codec::HEADERS, LAST_STREAM];
+        let (_, deliveries) = client::subscribe_keeping(deliver.clone(), None, codec::names(&keep))
             .await
             .map_err(crate::nats_error)?;
         let consumer = push_consumer(&state.stream, &deliver, start)
@@ -429,7 +436,7 @@ async fn follow(
                 // A heartbeat names the last sequence the consumer sent: past what arrived
                 // here, deliveries were lost (sent while the subscription was not yet back
                 // after a reconnect).
-                if codec::number(&m.headers, "Nats-Last-Stream").is_some_and(|last| last >= next) {
+                if codec::number(&m.headers, LAST_STREAM).is_some_and(|last| last >= next) {
                     missed = true;
                 }
                 continue;

@@ -476,7 +476,9 @@ impl Guest for Component {
         ensure_stream(&config, &queue).await?;
         create_durable(&config, &queue, &stream).await?;
         let inbox = client::new_inbox();
-        let (_, pulls) = client::subscribe(format!("{inbox}.*"), None)
+        // The headers a delivery is made of: the rest of a stored message's stay in the host.
+        let keep = [codec::ATTEMPT, codec::NOT_BEFORE, codec::HEADERS];
+        let (_, pulls) = client::subscribe_keeping(format!("{inbox}.*"), None, codec::names(&keep))
             .await
             .map_err(crate::nats_error)?;
         let messages = Rc::new(Inbox::default());

@@ -63,11 +63,21 @@ fn header_map(headers: wit::Headers) -> Result<Option<HeaderMap>, wit::NatsError
 
 /// A NATS message as the WIT record.
 fn message(m: async_nats::Message) -> wit::Message {
+    message_keeping(m, None)
+}
+
+/// A NATS message as the WIT record, with only the headers named in `keep` (ASCII
+/// case-insensitively) when given.
+fn message_keeping(m: async_nats::Message, keep: Option<&[String]>) -> wit::Message {
     faults::saw(&m);
+    let kept = |name: &HeaderName| {
+        keep.is_none_or(|keep| keep.iter().any(|k| k.eq_ignore_ascii_case(name.as_ref())))
+    };
     let headers = m
         .headers
         .iter()
         .flat_map(|map| map.iter())
+        .filter(|(name, _)| kept(name))
         .flat_map(|(name, values)| {
             values
                 .iter()
@@ -241,6 +251,23 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         Ok(Ok((id, stream)))
     }
 
+    async fn subscribe_keeping(
+        accessor: &Accessor<T, Self>,
+        subject: String,
+        queue_group: Option<String>,
+        keep: Vec<String>,
+    ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
+        let (id, subscription) = match member(accessor, subject, queue_group).await? {
+            Ok(member) => member,
+            Err(e) => return Ok(Err(e)),
+        };
+        let kept = move |m| message_keeping(m, Some(&keep));
+        let stream = accessor.with(|mut access| {
+            StreamReader::new(&mut access, BatchProducer::new(subscription, kept))
+        })?;
+        Ok(Ok((id, stream)))
+    }
+
     async fn subscribe_payloads(
         accessor: &Accessor<T, Self>,
         subject: String,
@@ -287,7 +314,17 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         timeout_ms: u32,
     ) -> wasmtime::Result<Vec<Result<wit::Message, wit::NatsError>>> {
         let driver = nats_of(accessor)?;
-        Ok(request_all(&driver.client, requests, timeout_ms).await)
+        Ok(request_all(&driver.client, requests, timeout_ms, None).await)
+    }
+
+    async fn request_all_keeping(
+        accessor: &Accessor<T, Self>,
+        requests: Vec<wit::Outgoing>,
+        timeout_ms: u32,
+        keep: Vec<String>,
+    ) -> wasmtime::Result<Vec<Result<wit::Message, wit::NatsError>>> {
+        let driver = nats_of(accessor)?;
+        Ok(request_all(&driver.client, requests, timeout_ms, Some(&keep)).await)
     }
 
     async fn flush(accessor: &Accessor<T, Self>) -> wasmtime::Result<Result<(), wit::NatsError>> {
@@ -297,13 +334,14 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     }
 }
 
-/// `request-all`: every request sent at once, each as [`request`]; over
-/// [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host) nothing is sent and every
-/// answer is `bad-request`.
+/// `request-all` (and `request-all-keeping`, with `keep`): every request sent at once, each as
+/// [`request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host) nothing
+/// is sent and every answer is `bad-request`.
 async fn request_all(
     client: &async_nats::Client,
     requests: Vec<wit::Outgoing>,
     timeout_ms: u32,
+    keep: Option<&[String]>,
 ) -> Vec<Result<wit::Message, wit::NatsError>> {
     if requests.len() > MAX_REQUESTS_PER_CALL {
         let refused = format!(
@@ -315,16 +353,15 @@ async fn request_all(
             .map(|_| Err(wit::NatsError::BadRequest(refused.clone())))
             .collect();
     }
-    futures::future::join_all(
-        requests
-            .into_iter()
-            .map(|r| request(client, r.subject, r.headers, r.payload, timeout_ms)),
-    )
+    futures::future::join_all(requests.into_iter().map(|r| async move {
+        send_request(client, r.subject, r.headers, r.payload, timeout_ms)
+            .await
+            .map(|m| message_keeping(m, keep))
+    }))
     .await
 }
 
-/// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply (`request`
-/// and each of `request-all`).
+/// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply.
 async fn request(
     client: &async_nats::Client,
     subject: String,
@@ -332,6 +369,19 @@ async fn request(
     payload: Vec<u8>,
     timeout_ms: u32,
 ) -> Result<wit::Message, wit::NatsError> {
+    send_request(client, subject, headers, payload, timeout_ms)
+        .await
+        .map(message)
+}
+
+/// What [`request`] and each of [`request_all`] send and wait for: the reply as NATS gave it.
+async fn send_request(
+    client: &async_nats::Client,
+    subject: String,
+    headers: wit::Headers,
+    payload: Vec<u8>,
+    timeout_ms: u32,
+) -> Result<async_nats::Message, wit::NatsError> {
     check_faults(&subject)?;
     let mut request = async_nats::Request::new()
         .payload(payload.into())
@@ -342,7 +392,6 @@ async fn request(
     client
         .send_request(subject.clone(), request)
         .await
-        .map(message)
         .map_err(|e| {
             use async_nats::client::RequestErrorKind as Kind;
             match e.kind() {
@@ -376,6 +425,52 @@ mod tests {
             .collect()
     }
 
+    /// `request-all-keeping` hands on only the reply headers it was asked for, whatever their
+    /// case, every value of a repeated one, and the rest of the reply as `request-all` does.
+    /// Needs the NATS server of `scripts/services.sh`.
+    #[tokio::test]
+    async fn request_all_keeping_cuts_reply_headers_to_the_names_kept() {
+        let client = async_nats::connect("nats://127.0.0.1:4222")
+            .await
+            .expect("the NATS server of scripts/services.sh on 127.0.0.1:4222");
+        let subject = client.new_inbox();
+        let mut asked = client.subscribe(subject.clone()).await.unwrap();
+        client.flush().await.unwrap();
+        let replier = client.clone();
+        let answering = tokio::spawn(async move {
+            let request = asked.next().await.expect("the request");
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Sequence", "7");
+            headers.append("x-wrpc-key", "a2V5");
+            headers.append("x-wrpc-key", "second");
+            headers.insert("X-Wrpc-Headers", "packed");
+            let reply = request.reply.expect("a reply subject");
+            replier
+                .publish_with_headers(reply, headers, "payload".into())
+                .await
+                .unwrap();
+        });
+        let keep = ["X-WRPC-KEY".to_string(), "x-wrpc-headers".to_string()];
+        let answers = request_all(&client, outgoing(&subject, 1), 5_000, Some(&keep)).await;
+        answering.await.unwrap();
+        let [Ok(reply)] = answers.as_slice() else {
+            panic!("{answers:?}");
+        };
+        let mut headers = reply.headers.clone();
+        headers.sort();
+        let value = |v: &str| v.as_bytes().to_vec();
+        assert_eq!(
+            headers,
+            [
+                ("X-Wrpc-Headers".to_string(), value("packed")),
+                ("x-wrpc-key".to_string(), value("a2V5")),
+                ("x-wrpc-key".to_string(), value("second")),
+            ]
+        );
+        assert_eq!(reply.payload, b"payload");
+        assert_eq!(reply.status, None);
+    }
+
     /// Over its cap `request-all` sends nothing and answers `bad-request` for each request; at
     /// the cap every request goes out. Needs the NATS server of `scripts/services.sh`.
     #[tokio::test]
@@ -388,7 +483,7 @@ mod tests {
         client.flush().await.unwrap();
 
         let over = MAX_REQUESTS_PER_CALL + 1;
-        let answers = request_all(&client, outgoing(&subject, over), 1_000).await;
+        let answers = request_all(&client, outgoing(&subject, over), 1_000, None).await;
         assert_eq!(answers.len(), over);
         for answer in &answers {
             assert!(
@@ -404,7 +499,13 @@ mod tests {
         );
 
         // Nobody replies, so each request at the cap times out — after it went out.
-        let answers = request_all(&client, outgoing(&subject, MAX_REQUESTS_PER_CALL), 300).await;
+        let answers = request_all(
+            &client,
+            outgoing(&subject, MAX_REQUESTS_PER_CALL),
+            300,
+            None,
+        )
+        .await;
         assert_eq!(answers.len(), MAX_REQUESTS_PER_CALL);
         assert!(
             answers
