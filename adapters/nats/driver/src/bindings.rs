@@ -185,6 +185,25 @@ impl wit::Host for Ctx {
     }
 }
 
+/// `subscribe` (and `subscribe-keeping`, with `keep`): a member of the subscription, its
+/// messages as WIT records.
+async fn messages<T>(
+    accessor: &Accessor<T, HasSelf<Ctx>>,
+    subject: String,
+    queue_group: Option<String>,
+    keep: Option<Vec<String>>,
+) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
+    let (id, subscription) = match member(accessor, subject, queue_group).await? {
+        Ok(member) => member,
+        Err(e) => return Ok(Err(e)),
+    };
+    let records = move |m| message_keeping(m, keep.as_deref());
+    let stream = accessor.with(|mut access| {
+        StreamReader::new(&mut access, BatchProducer::new(subscription, records))
+    })?;
+    Ok(Ok((id, stream)))
+}
+
 impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     async fn publish(
         accessor: &Accessor<T, Self>,
@@ -241,14 +260,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         subject: String,
         queue_group: Option<String>,
     ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
-        let (id, subscription) = match member(accessor, subject, queue_group).await? {
-            Ok(member) => member,
-            Err(e) => return Ok(Err(e)),
-        };
-        let stream = accessor.with(|mut access| {
-            StreamReader::new(&mut access, BatchProducer::new(subscription, message))
-        })?;
-        Ok(Ok((id, stream)))
+        messages(accessor, subject, queue_group, None).await
     }
 
     async fn subscribe_keeping(
@@ -257,15 +269,7 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         queue_group: Option<String>,
         keep: Vec<String>,
     ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
-        let (id, subscription) = match member(accessor, subject, queue_group).await? {
-            Ok(member) => member,
-            Err(e) => return Ok(Err(e)),
-        };
-        let kept = move |m| message_keeping(m, Some(&keep));
-        let stream = accessor.with(|mut access| {
-            StreamReader::new(&mut access, BatchProducer::new(subscription, kept))
-        })?;
-        Ok(Ok((id, stream)))
+        messages(accessor, subject, queue_group, Some(keep)).await
     }
 
     async fn subscribe_payloads(
@@ -305,7 +309,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<wit::Message, wit::NatsError>> {
         let driver = nats_of(accessor)?;
-        Ok(request(&driver.client, subject, headers, payload, timeout_ms).await)
+        let reply = send_request(&driver.client, subject, headers, payload, timeout_ms).await;
+        Ok(reply.map(message))
     }
 
     async fn request_all(
@@ -361,20 +366,8 @@ async fn request_all(
     .await
 }
 
-/// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply.
-async fn request(
-    client: &async_nats::Client,
-    subject: String,
-    headers: wit::Headers,
-    payload: Vec<u8>,
-    timeout_ms: u32,
-) -> Result<wit::Message, wit::NatsError> {
-    send_request(client, subject, headers, payload, timeout_ms)
-        .await
-        .map(message)
-}
-
-/// What [`request`] and each of [`request_all`] send and wait for: the reply as NATS gave it.
+/// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply, as NATS
+/// gave it (`request` and each of [`request_all`]).
 async fn send_request(
     client: &async_nats::Client,
     subject: String,
@@ -410,114 +403,4 @@ async fn send_request(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::StreamExt;
-
-    /// `count` requests to `subject`, empty.
-    fn outgoing(subject: &str, count: usize) -> Vec<wit::Outgoing> {
-        (0..count)
-            .map(|_| wit::Outgoing {
-                subject: subject.to_string(),
-                headers: Vec::new(),
-                payload: Vec::new(),
-            })
-            .collect()
-    }
-
-    /// `request-all-keeping` hands on only the reply headers it was asked for, whatever their
-    /// case, every value of a repeated one, and the rest of the reply as `request-all` does.
-    /// Needs the NATS server of `scripts/services.sh`.
-    #[tokio::test]
-    async fn request_all_keeping_cuts_reply_headers_to_the_names_kept() {
-        let client = async_nats::connect("nats://127.0.0.1:4222")
-            .await
-            .expect("the NATS server of scripts/services.sh on 127.0.0.1:4222");
-        let subject = client.new_inbox();
-        let mut asked = client.subscribe(subject.clone()).await.unwrap();
-        client.flush().await.unwrap();
-        let replier = client.clone();
-        let answering = tokio::spawn(async move {
-            let request = asked.next().await.expect("the request");
-            let mut headers = HeaderMap::new();
-            headers.insert("Nats-Sequence", "7");
-            headers.append("x-wrpc-key", "a2V5");
-            headers.append("x-wrpc-key", "second");
-            headers.insert("X-Wrpc-Headers", "packed");
-            let reply = request.reply.expect("a reply subject");
-            replier
-                .publish_with_headers(reply, headers, "payload".into())
-                .await
-                .unwrap();
-        });
-        let keep = ["X-WRPC-KEY".to_string(), "x-wrpc-headers".to_string()];
-        let answers = request_all(&client, outgoing(&subject, 1), 5_000, Some(&keep)).await;
-        answering.await.unwrap();
-        let [Ok(reply)] = answers.as_slice() else {
-            panic!("{answers:?}");
-        };
-        let mut headers = reply.headers.clone();
-        headers.sort();
-        let value = |v: &str| v.as_bytes().to_vec();
-        assert_eq!(
-            headers,
-            [
-                ("X-Wrpc-Headers".to_string(), value("packed")),
-                ("x-wrpc-key".to_string(), value("a2V5")),
-                ("x-wrpc-key".to_string(), value("second")),
-            ]
-        );
-        assert_eq!(reply.payload, b"payload");
-        assert_eq!(reply.status, None);
-    }
-
-    /// Over its cap `request-all` sends nothing and answers `bad-request` for each request; at
-    /// the cap every request goes out. Needs the NATS server of `scripts/services.sh`.
-    #[tokio::test]
-    async fn request_all_over_its_cap_sends_nothing_and_at_it_sends_all() {
-        let client = async_nats::connect("nats://127.0.0.1:4222")
-            .await
-            .expect("the NATS server of scripts/services.sh on 127.0.0.1:4222");
-        let subject = client.new_inbox();
-        let mut seen = client.subscribe(subject.clone()).await.unwrap();
-        client.flush().await.unwrap();
-
-        let over = MAX_REQUESTS_PER_CALL + 1;
-        let answers = request_all(&client, outgoing(&subject, over), 1_000, None).await;
-        assert_eq!(answers.len(), over);
-        for answer in &answers {
-            assert!(
-                matches!(answer, Err(wit::NatsError::BadRequest(why)) if why.contains("at most 4096")),
-                "{answer:?}"
-            );
-        }
-        client.flush().await.unwrap();
-        let leaked = tokio::time::timeout(Duration::from_millis(300), seen.next()).await;
-        assert!(
-            leaked.is_err(),
-            "a request over the cap went out: {leaked:?}"
-        );
-
-        // Nobody replies, so each request at the cap times out — after it went out.
-        let answers = request_all(
-            &client,
-            outgoing(&subject, MAX_REQUESTS_PER_CALL),
-            300,
-            None,
-        )
-        .await;
-        assert_eq!(answers.len(), MAX_REQUESTS_PER_CALL);
-        assert!(
-            answers
-                .iter()
-                .all(|a| !matches!(a, Err(wit::NatsError::BadRequest(_)))),
-            "a request at the cap was refused"
-        );
-        for received in 0..MAX_REQUESTS_PER_CALL {
-            tokio::time::timeout(Duration::from_secs(10), seen.next())
-                .await
-                .unwrap_or_else(|_| panic!("only {received} requests at the cap arrived"))
-                .expect("the subscription ended");
-        }
-    }
-}
+mod tests;
