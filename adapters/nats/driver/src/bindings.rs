@@ -38,6 +38,21 @@ fn nats(ctx: &mut Ctx) -> wasmtime::Result<NatsDriver> {
 /// may not ask for millions at once.
 const MAX_REQUESTS_PER_CALL: usize = 4096;
 
+/// The most header names a `…-keeping` call takes (a subscription holds its list as long as it
+/// lives).
+const MAX_KEPT_NAMES: usize = 64;
+
+/// Refuse a `keep` list over [`MAX_KEPT_NAMES`] names.
+fn check_kept(call: &str, keep: &[String]) -> Result<(), wit::NatsError> {
+    if keep.len() > MAX_KEPT_NAMES {
+        return Err(wit::NatsError::BadRequest(format!(
+            "{call}: {} header names to keep, at most {MAX_KEPT_NAMES}",
+            keep.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The driver lent to the calling component.
 fn nats_of<T>(accessor: &Accessor<T, HasSelf<Ctx>>) -> wasmtime::Result<NatsDriver> {
     accessor.with(|mut access| nats(access.get()))
@@ -193,6 +208,9 @@ async fn messages<T>(
     queue_group: Option<String>,
     keep: Option<Vec<String>>,
 ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
+    if let Some(Err(e)) = keep.as_deref().map(|k| check_kept("subscribe-keeping", k)) {
+        return Ok(Err(e));
+    }
     let (id, subscription) = match member(accessor, subject, queue_group).await? {
         Ok(member) => member,
         Err(e) => return Ok(Err(e)),
@@ -340,23 +358,24 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
 }
 
 /// `request-all` (and `request-all-keeping`, with `keep`): every request sent at once, each as
-/// [`request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host) nothing
-/// is sent and every answer is `bad-request`.
+/// [`send_request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host), or
+/// with `keep` over [`MAX_KEPT_NAMES`], nothing is sent and every answer is `bad-request`.
 async fn request_all(
     client: &async_nats::Client,
     requests: Vec<wit::Outgoing>,
     timeout_ms: u32,
     keep: Option<&[String]>,
 ) -> Vec<Result<wit::Message, wit::NatsError>> {
-    if requests.len() > MAX_REQUESTS_PER_CALL {
-        let refused = format!(
+    let refused = if requests.len() > MAX_REQUESTS_PER_CALL {
+        Err(wit::NatsError::BadRequest(format!(
             "request-all: {} requests, at most {MAX_REQUESTS_PER_CALL} a call",
             requests.len()
-        );
-        return requests
-            .iter()
-            .map(|_| Err(wit::NatsError::BadRequest(refused.clone())))
-            .collect();
+        )))
+    } else {
+        keep.map_or(Ok(()), |k| check_kept("request-all-keeping", k))
+    };
+    if let Err(refused) = refused {
+        return requests.iter().map(|_| Err(refused.clone())).collect();
     }
     futures::future::join_all(requests.into_iter().map(|r| async move {
         send_request(client, r.subject, r.headers, r.payload, timeout_ms)

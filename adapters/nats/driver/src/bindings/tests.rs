@@ -65,6 +65,16 @@ async fn request_all_keeping_cuts_reply_headers_to_the_names_kept() {
     );
     assert_eq!(reply.payload, b"payload");
     assert_eq!(reply.status, None);
+
+    // Over its cap of names nothing is sent and every answer is `bad-request`.
+    let keep = vec!["x-name".to_string(); MAX_KEPT_NAMES + 1];
+    let answers = request_all(&client, outgoing(&subject, 2), 300, Some(&keep)).await;
+    for answer in &answers {
+        assert!(
+            matches!(answer, Err(wit::NatsError::BadRequest(why)) if why.contains("at most 64")),
+            "{answer:?}"
+        );
+    }
 }
 
 /// Over its cap `request-all` sends nothing and answers `bad-request` for each request; at
