@@ -208,7 +208,9 @@ async fn messages<T>(
     queue_group: Option<String>,
     keep: Option<Vec<String>>,
 ) -> wasmtime::Result<Result<(u64, StreamReader<wit::Message>), wit::NatsError>> {
-    if let Some(Err(e)) = keep.as_deref().map(|k| check_kept("subscribe-keeping", k)) {
+    if let Some(keep) = &keep
+        && let Err(e) = check_kept("subscribe-keeping", keep)
+    {
         return Ok(Err(e));
     }
     let (id, subscription) = match member(accessor, subject, queue_group).await? {
