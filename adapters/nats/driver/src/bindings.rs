@@ -359,8 +359,8 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
     }
 }
 
-/// `request-all` (and `request-all-keeping`, with `keep`): every request sent at once, each as
-/// [`send_request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host), or
+/// `request-all` (and `request-all-keeping`, with `keep`): every request sent at once, in the
+/// order given, each as [`send_request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host), or
 /// with `keep` over [`MAX_KEPT_NAMES`], nothing is sent and every answer is `bad-request`.
 async fn request_all(
     client: &async_nats::Client,
@@ -379,12 +379,15 @@ async fn request_all(
     if let Err(refused) = refused {
         return requests.iter().map(|_| Err(refused.clone())).collect();
     }
-    futures::future::join_all(requests.into_iter().map(|r| async move {
+    // Unconstrained by tokio's cooperative budget (128 operations a poll): under it the join
+    // yields part-way through the sends and polls the rest in another order next time, and a
+    // chain of publishes pipelined in one call (`Nats-Expected-Last-Msg-Id`) is refused.
+    let sends = requests.into_iter().map(|r| async move {
         send_request(client, r.subject, r.headers, r.payload, timeout_ms)
             .await
             .map(|m| message_keeping(m, keep))
-    }))
-    .await
+    });
+    tokio::task::unconstrained(futures::future::join_all(sends)).await
 }
 
 /// Publish with a fresh reply inbox and wait up to `timeout_ms` for the first reply, as NATS

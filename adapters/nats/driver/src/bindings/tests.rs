@@ -121,3 +121,33 @@ async fn request_all_over_its_cap_sends_nothing_and_at_it_sends_all() {
             .expect("the subscription ended");
     }
 }
+
+/// `request-all` puts its requests on the connection in the order given, however many (a
+/// chain of JetStream publishes depends on it). Needs the NATS server of
+/// `scripts/services.sh`.
+#[tokio::test]
+async fn request_all_sends_in_the_order_given() {
+    let (client, subject, mut seen) = listening().await;
+    let count = 1_000;
+    let requests = (0..count)
+        .map(|i: usize| wit::Outgoing {
+            subject: subject.clone(),
+            headers: Vec::new(),
+            payload: i.to_string().into_bytes(),
+        })
+        .collect();
+    // Nobody replies: each answer times out, after its request went out.
+    let answers = request_all(&client, requests, 300, None).await;
+    assert_eq!(answers.len(), count);
+    for expected in 0..count {
+        let request = tokio::time::timeout(Duration::from_secs(10), seen.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {expected} requests arrived"))
+            .expect("the subscription ended");
+        assert_eq!(
+            String::from_utf8_lossy(&request.payload),
+            expected.to_string(),
+            "request {expected} out of order"
+        );
+    }
+}
