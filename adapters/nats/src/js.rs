@@ -4,6 +4,8 @@
 //! unavailable, JetStream not answering yet after a restart) are tried again for a while, so a
 //! server restart looks like a slow call, not an error.
 
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 use serde_json::{Value, json};
 use wrpc_broker_guest::{Error, Headers, host};
 
@@ -207,18 +209,21 @@ pub(crate) fn stream_config(
     })
 }
 
-/// Stored publishes of one batch in flight at once.
+/// Stored publishes one window of a batch sends (one `request-all` call).
 const PUBLISHES_IN_FLIGHT: usize = 256;
+/// How many windows of a batch are out at once.
+const WINDOWS_IN_FLIGHT: usize = 2;
 /// JetStream's "wrong last msg ID": a `Nats-Expected-Last-Msg-Id` check failed.
 const WRONG_LAST_MSG_ID: u64 = 10070;
 
 /// Stored publishes of `messages` (headers, payload) to `subject`, in order; the sequence of
-/// each. They are pipelined, up to [`PUBLISHES_IN_FLIGHT`] at once, and kept in order by the
-/// server: each but the first of a window carries `Nats-Expected-Last-Msg-Id` = the message
-/// before it, so once one fails (or another publisher's message lands between two), every
-/// later one of the window is refused and sent again from there. Each message has one
-/// `Nats-Msg-Id` for all its tries, so a message stored whose PubAck was lost is stored once.
-/// A missing stream is made with `create` (once) and the publishes go on.
+/// each. They are pipelined in windows of [`PUBLISHES_IN_FLIGHT`], [`WINDOWS_IN_FLIGHT`]
+/// windows at once, and kept in order by the server: each message but the first of a run
+/// carries `Nats-Expected-Last-Msg-Id` = the message before it, so once one fails (or another
+/// publisher's message lands between two), every later one is refused and a new run starts
+/// from the first refused. Each message has one `Nats-Msg-Id` for all its tries, so a message
+/// stored whose PubAck was lost is stored once. A missing stream is made with `create` (once)
+/// and the publishes go on.
 pub(crate) async fn publish_all<Fut>(
     subject: &str,
     stream: &str,
@@ -229,18 +234,15 @@ where
     Fut: Future<Output = Result<(), Error>>,
 {
     let ids: Vec<String> = messages.iter().map(|_| host::generate_id()).collect();
-    let mut seqs = Vec::with_capacity(messages.len());
-    let mut created = false;
-    while seqs.len() < messages.len() {
-        let from = seqs.len();
-        let to = (from + PUBLISHES_IN_FLIGHT).min(messages.len());
+    // Messages `from..to` of a run that began at `run`.
+    let window = |run: usize, from: usize, to: usize| {
         let sends = (from..to)
             .map(|i| {
                 let (headers, payload) = &messages[i];
                 let mut headers = headers.clone();
                 codec::push(&mut headers, codec::MSG_ID, &ids[i]);
                 codec::push(&mut headers, codec::EXPECTED_STREAM, stream);
-                if i > from {
+                if i > run {
                     codec::push(&mut headers, codec::EXPECTED_LAST_MSG_ID, &ids[i - 1]);
                 }
                 client::Outgoing {
@@ -250,24 +252,44 @@ where
                 }
             })
             .collect();
-        for reply in request_all(sends, true, None).await {
-            let reply = reply.map_err(Fail::Nats).and_then(|m| pub_ack(&m));
-            match reply {
-                Ok(seq) => seqs.push(seq),
-                Err(e) if e.stream_missing() && !created => {
-                    create().await?;
-                    created = true;
-                    break;
+        request_all(sends, true, None)
+    };
+    let mut seqs = Vec::with_capacity(messages.len());
+    let mut created = false;
+    'runs: while seqs.len() < messages.len() {
+        let run = seqs.len();
+        let mut sent = run;
+        let mut windows = FuturesOrdered::new();
+        loop {
+            while sent < messages.len() && windows.len() < WINDOWS_IN_FLIGHT {
+                let to = (sent + PUBLISHES_IN_FLIGHT).min(messages.len());
+                windows.push_back(window(run, sent, to));
+                sent = to;
+            }
+            // Every message of the run answered: all stored.
+            let Some(replies) = windows.next().await else {
+                break 'runs;
+            };
+            for reply in replies {
+                // A new run drops the window still out: its messages are refused, the chain
+                // they expect broken.
+                match reply.map_err(Fail::Nats).and_then(|m| pub_ack(&m)) {
+                    Ok(seq) => seqs.push(seq),
+                    Err(e) if e.stream_missing() && !created => {
+                        create().await?;
+                        created = true;
+                        continue 'runs;
+                    }
+                    // The message before it was not the stream's last: a new run from this one.
+                    Err(Fail::Api(e)) if e.err_code == WRONG_LAST_MSG_ID && seqs.len() > run => {
+                        crate::debug(&format!(
+                            "publish to {stream}: sent again from {}",
+                            seqs.len()
+                        ));
+                        continue 'runs;
+                    }
+                    Err(e) => return Err(e.into_error(&format!("publish to {stream}"))),
                 }
-                // The message before it was not the stream's last: send again from this one.
-                Err(Fail::Api(e)) if e.err_code == WRONG_LAST_MSG_ID && seqs.len() > from => {
-                    crate::debug(&format!(
-                        "publish to {stream}: sent again from {}",
-                        seqs.len()
-                    ));
-                    break;
-                }
-                Err(e) => return Err(e.into_error(&format!("publish to {stream}"))),
             }
         }
     }

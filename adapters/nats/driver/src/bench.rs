@@ -9,7 +9,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt as _, StreamExt};
 use wrpc_broker_runtime::pages::PageSize;
 
 use crate::checked::Checked;
@@ -19,9 +20,11 @@ use wrpc_broker_runtime::bench::{
     shared_subscription, timed, unique,
 };
 
-/// Direct gets a page of the adapter has in flight at once (`adapters/nats/src/log.rs`).
+/// Direct gets in one window of the adapter's page (`adapters/nats/src/log.rs`).
 const GETS_IN_FLIGHT: u64 = 64;
-/// Stored publishes of a batch the adapter has in flight at once (`adapters/nats/src/js.rs`).
+/// How many windows (of gets or publishes) the adapter has out at once.
+const WINDOWS_IN_FLIGHT: usize = 2;
+/// Stored publishes in one window of the adapter's batch (`adapters/nats/src/js.rs`).
 const PUBLISHES_IN_FLIGHT: usize = 256;
 
 /// A client of the NATS server the broker uses.
@@ -52,6 +55,15 @@ async fn stored(
     }
     ensure!(!text.contains("\"error\""), "publish to {subject}: {text}");
     Ok(true)
+}
+
+/// Join `requests`, sent in the order given as the driver's `request-all` sends them: out of
+/// the reach of tokio's cooperative budget, which would yield part-way and poll the rest in
+/// another order.
+fn sent_in_order<F: Future>(
+    requests: impl IntoIterator<Item = F>,
+) -> impl Future<Output = Vec<F::Output>> {
+    tokio::task::unconstrained(futures::future::join_all(requests))
 }
 
 /// What the adapter sends with an append: a `Nats-Msg-Id` of its own (a resend is stored once)
@@ -168,9 +180,9 @@ impl Native {
     }
 
     /// `count` stored publishes of `payload` to stream `name`, as the adapter sends a batch:
-    /// pipelined in windows of [`PUBLISHES_IN_FLIGHT`], each message but a window's first
-    /// expecting the one before it as the stream's last, sent again from the first refused.
-    /// `batch` makes the message ids unique in the stream.
+    /// pipelined in windows of [`PUBLISHES_IN_FLIGHT`], [`WINDOWS_IN_FLIGHT`] windows at once,
+    /// each message but a run's first expecting the one before it as the stream's last, a new
+    /// run from the first refused. `batch` makes the message ids unique in the stream.
     async fn publish_batch(
         &self,
         name: &str,
@@ -180,24 +192,39 @@ impl Native {
     ) -> anyhow::Result<()> {
         let subject = format!("{name}.in");
         let ids: Vec<String> = (0..count).map(|i| format!("{batch}-{i}")).collect();
-        let mut done = 0;
-        while done < count {
-            let from = done;
-            let end = (from + PUBLISHES_IN_FLIGHT).min(count);
-            let sends = (from..end).map(|i| {
-                let after = (i > from).then(|| ids[i - 1].as_str());
+        let (ids, subject) = (&ids, &subject);
+        let window = |run: usize, from: usize, to: usize| {
+            let sends = (from..to).map(move |i| {
+                let after = (i > run).then(|| ids[i - 1].as_str());
                 stored(
                     &self.client,
-                    &subject,
+                    subject,
                     append_headers(name, &ids[i], after),
                     payload,
                 )
             });
-            for sent in futures::future::join_all(sends).await {
-                if !sent? {
-                    break;
+            sent_in_order(sends)
+        };
+        let mut done = 0;
+        'runs: while done < count {
+            let run = done;
+            let mut sent = run;
+            let mut windows = FuturesOrdered::new();
+            loop {
+                while sent < count && windows.len() < WINDOWS_IN_FLIGHT {
+                    let to = (sent + PUBLISHES_IN_FLIGHT).min(count);
+                    windows.push_back(window(run, sent, to));
+                    sent = to;
                 }
-                done += 1;
+                let Some(answers) = windows.next().await else {
+                    break 'runs;
+                };
+                for stored in answers {
+                    if !stored? {
+                        continue 'runs;
+                    }
+                    done += 1;
+                }
             }
         }
         Ok(())
@@ -240,20 +267,29 @@ impl Native {
     }
 
     /// What the adapter's `range` sends for a page of `limit` entries from `first`: the stream's
-    /// info, then one direct get per sequence, [`GETS_IN_FLIGHT`] at a time.
+    /// info, then one direct get per sequence, in windows of [`GETS_IN_FLIGHT`],
+    /// [`WINDOWS_IN_FLIGHT`] windows at once.
     async fn page(&self, name: &str, first: u64, limit: u32) -> anyhow::Result<u64> {
         self.api(format!("$JS.API.STREAM.INFO.{name}"), String::new())
             .await?;
         let subject = format!("$JS.API.DIRECT.GET.{name}");
         let end = first + u64::from(limit);
+        let mut windows = FuturesOrdered::new();
         let mut seq = first;
-        while seq < end {
-            let last = (seq + GETS_IN_FLIGHT).min(end);
-            let gets = (seq..last).map(|s| {
-                self.client
-                    .request(subject.clone(), format!(r#"{{"seq":{s}}}"#).into())
-            });
-            for (at, got) in (seq..).zip(futures::future::join_all(gets).await) {
+        loop {
+            while seq < end && windows.len() < WINDOWS_IN_FLIGHT {
+                let last = (seq + GETS_IN_FLIGHT).min(end);
+                let gets = (seq..last).map(|s| {
+                    self.client
+                        .request(subject.clone(), format!(r#"{{"seq":{s}}}"#).into())
+                });
+                windows.push_back(sent_in_order(gets).map(move |got| (seq, got)));
+                seq = last;
+            }
+            let Some((window, answers)) = windows.next().await else {
+                return Ok(u64::from(limit));
+            };
+            for (at, got) in (window..).zip(answers) {
                 let message = got?;
                 if let Some(status) = message.status {
                     // Past the last sequence (404): the page is short.
@@ -265,9 +301,7 @@ impl Native {
                     return Ok(at - first);
                 }
             }
-            seq = last;
         }
-        Ok(u64::from(limit))
     }
 
     pub async fn log_catch_up(&self, work: &Workload) -> anyhow::Result<Sample> {
