@@ -233,7 +233,11 @@ pub(crate) async fn publish_all<Fut>(
 where
     Fut: Future<Output = Result<(), Error>>,
 {
-    let ids: Vec<String> = messages.iter().map(|_| host::generate_id()).collect();
+    // One fresh id per batch, a record's its index after it: unique as the batch's is.
+    let batch = host::generate_id();
+    let ids: Vec<String> = (0..messages.len())
+        .map(|i| format!("{batch}-{i}"))
+        .collect();
     // Messages `from..to` of a run that began at `run`.
     let window = |run: usize, from: usize, to: usize| {
         let sends = (from..to)
@@ -296,14 +300,27 @@ where
     Ok(seqs)
 }
 
+/// What a stored publish's answer holds that the adapter reads: a PubAck's `seq`, or an
+/// `error` (read again through [`answer`]). Typed, so no JSON tree is built per record.
+#[derive(serde::Deserialize)]
+struct PubAck {
+    seq: Option<u64>,
+    error: Option<serde::de::IgnoredAny>,
+}
+
 /// The stream sequence in a stored publish's PubAck.
 fn pub_ack(reply: &client::Message) -> Result<u64, Fail> {
+    if let Ok(PubAck {
+        seq: Some(seq),
+        error: None,
+    }) = serde_json::from_slice(&reply.payload)
+    {
+        return Ok(seq);
+    }
     let ack = answer(&reply.payload)?;
-    ack.get("seq").and_then(Value::as_u64).ok_or_else(|| {
-        Fail::Api(ApiError {
-            code: 500,
-            err_code: 0,
-            description: format!("a PubAck without seq: {ack}"),
-        })
-    })
+    Err(Fail::Api(ApiError {
+        code: 500,
+        err_code: 0,
+        description: format!("a PubAck without seq: {ack}"),
+    }))
 }
