@@ -130,6 +130,42 @@ pub(crate) async fn request_all(
         .collect()
 }
 
+/// How many windows of requests (a page's direct gets, a batch's publishes) are out at once.
+const WINDOWS_IN_FLIGHT: usize = 2;
+
+/// A range of positions sent in windows of `size`, [`WINDOWS_IN_FLIGHT`] windows out at once
+/// and answered in order: the next window goes out while the last one's answers are taken in.
+/// Dropping it drops the windows still out.
+pub(crate) struct Windows<F: Future> {
+    out: FuturesOrdered<F>,
+    next: u64,
+    end: u64,
+    size: u64,
+}
+
+impl<F: Future> Windows<F> {
+    /// Windows of `size` positions over `range`, none sent yet.
+    pub(crate) fn new(range: std::ops::Range<u64>, size: usize) -> Self {
+        Self {
+            out: FuturesOrdered::new(),
+            next: range.start,
+            end: range.end,
+            size: size as u64,
+        }
+    }
+
+    /// Send what fits of the rest (`send(from, to)` makes a window's requests), then the answers
+    /// of the oldest window out; `None` once every window was answered.
+    pub(crate) async fn next(&mut self, mut send: impl FnMut(u64, u64) -> F) -> Option<F::Output> {
+        while self.next < self.end && self.out.len() < WINDOWS_IN_FLIGHT {
+            let to = (self.next + self.size).min(self.end);
+            self.out.push_back(send(self.next, to));
+            self.next = to;
+        }
+        self.out.next().await
+    }
+}
+
 /// Parse a JSON answer; an `error` member becomes [`Fail::Api`].
 fn answer(payload: &[u8]) -> Result<Value, Fail> {
     let value: Value = serde_json::from_slice(payload).map_err(|e| {
@@ -211,8 +247,6 @@ pub(crate) fn stream_config(
 
 /// Stored publishes one window of a batch sends (one `request-all` call).
 const PUBLISHES_IN_FLIGHT: usize = 256;
-/// How many windows of a batch are out at once.
-const WINDOWS_IN_FLIGHT: usize = 2;
 /// JetStream's "wrong last msg ID": a `Nats-Expected-Last-Msg-Id` check failed.
 const WRONG_LAST_MSG_ID: u64 = 10070;
 
@@ -239,8 +273,8 @@ where
         .map(|i| format!("{batch}-{i}"))
         .collect();
     // Messages `from..to` of a run that began at `run`.
-    let window = |run: usize, from: usize, to: usize| {
-        let sends = (from..to)
+    let window = |run: usize, from: u64, to: u64| {
+        let sends = (from as usize..to as usize)
             .map(|i| {
                 let (headers, payload) = &messages[i];
                 let mut headers = headers.clone();
@@ -262,18 +296,8 @@ where
     let mut created = false;
     'runs: while seqs.len() < messages.len() {
         let run = seqs.len();
-        let mut sent = run;
-        let mut windows = FuturesOrdered::new();
-        loop {
-            while sent < messages.len() && windows.len() < WINDOWS_IN_FLIGHT {
-                let to = (sent + PUBLISHES_IN_FLIGHT).min(messages.len());
-                windows.push_back(window(run, sent, to));
-                sent = to;
-            }
-            // Every message of the run answered: all stored.
-            let Some(replies) = windows.next().await else {
-                break 'runs;
-            };
+        let mut windows = Windows::new(run as u64..messages.len() as u64, PUBLISHES_IN_FLIGHT);
+        while let Some(replies) = windows.next(|from, to| window(run, from, to)).await {
             for reply in replies {
                 // A new run drops the window still out: its messages are refused, the chain
                 // they expect broken.

@@ -21,15 +21,13 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::pin::pin;
 
-use futures::StreamExt;
 use futures::future::{Either, select};
-use futures::stream::FuturesOrdered;
 use serde_json::{Value, json};
 use wit_bindgen::{StreamReader, StreamResult};
 
 use crate::codec;
 use crate::exports::wrpc::broker::log::{Entry, Guest, Page, RecordIn};
-use crate::js::{self, Fail};
+use crate::js::{self, Fail, Windows};
 use crate::wrpc::nats::client::{self, Message, Outgoing};
 use crate::{Component, Config, config};
 use wrpc_broker_guest::ids::{self, is_epoch};
@@ -43,8 +41,6 @@ const ENTRY_HEADERS: [&str; 2] = [codec::KEY, codec::HEADERS];
 const LAST_STREAM: &str = "Nats-Last-Stream";
 /// How many direct gets one window of a page sends (one `request-all` call each).
 const GETS_IN_FLIGHT: usize = 64;
-/// How many windows of a page are out at once.
-const WINDOWS_IN_FLIGHT: usize = 2;
 /// The tail consumer's idle heartbeat, in milliseconds.
 const HEARTBEAT_MS: u32 = 1_000;
 /// A tail that hears nothing (not even a heartbeat) this long ends.
@@ -188,8 +184,8 @@ fn delivered_seq(reply: &str) -> Option<u64> {
 /// Fetch sequences `from..to` with direct gets; `None` for a sequence the stream no longer has.
 /// Each reply brings only the headers an entry is made of (the server adds four of its own and
 /// keeps the publish's `Nats-Msg-Id` and `Nats-Expected-*`). The gets go in windows of
-/// [`GETS_IN_FLIGHT`], [`WINDOWS_IN_FLIGHT`] windows at once: the answers of one are taken in
-/// while the next is at the server.
+/// [`GETS_IN_FLIGHT`], two out at once ([`Windows`]): the answers of one are taken in while
+/// the next is at the server.
 async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>, Error> {
     let subject = format!("$JS.API.DIRECT.GET.{stream}");
     let window = |first: u64, end: u64| {
@@ -203,18 +199,9 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
         js::request_all(gets, false, Some(&ENTRY_HEADERS))
     };
     let mut out = Vec::with_capacity((to - from) as usize);
-    let mut windows = FuturesOrdered::new();
-    let mut seq = from;
-    loop {
-        while seq < to && windows.len() < WINDOWS_IN_FLIGHT {
-            let end = (seq + GETS_IN_FLIGHT as u64).min(to);
-            windows.push_back(window(seq, end));
-            seq = end;
-        }
-        // An error returns with the next window still out: dropping it drops its requests.
-        let Some(answers) = windows.next().await else {
-            return Ok(out);
-        };
+    // An error returns with the next window still out: dropping it drops its requests.
+    let mut windows = Windows::new(from..to, GETS_IN_FLIGHT);
+    while let Some(answers) = windows.next(&window).await {
         for got in answers {
             let m = got.map_err(crate::nats_error)?;
             match m.status {
@@ -229,6 +216,7 @@ async fn fetch(stream: &str, from: u64, to: u64) -> Result<Vec<Option<Message>>,
             }
         }
     }
+    Ok(out)
 }
 
 /// Append `batch` to the stream of `topic`, in order (pipelined); the sequence of each.

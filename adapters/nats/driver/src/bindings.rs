@@ -360,8 +360,9 @@ impl<T> wit::HostWithStore<T> for HasSelf<Ctx> {
 }
 
 /// `request-all` (and `request-all-keeping`, with `keep`): every request sent at once, in the
-/// order given, each as [`send_request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a future on the host), or
-/// with `keep` over [`MAX_KEPT_NAMES`], nothing is sent and every answer is `bad-request`.
+/// order given, each as [`send_request`]; over [`MAX_REQUESTS_PER_CALL`] (each request is a
+/// future on the host), or with `keep` over [`MAX_KEPT_NAMES`], nothing is sent and every
+/// answer is `bad-request`.
 async fn request_all(
     client: &async_nats::Client,
     requests: Vec<wit::Outgoing>,
