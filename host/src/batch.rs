@@ -1,14 +1,19 @@
 //! Coalescing concurrent calls into batches, per name (topic, queue, channel). A call that
-//! finds no other call of its name in flight makes its adapter call at once, on its own task
-//! (no hand-over to another task: one in flight pays one boundary crossing and nothing more).
-//! Calls that arrive while one is in flight wait, in order, and then go as one batch, from a
-//! task started for them that takes every call waiting each time and ends when none is left —
-//! so throughput under load pays one boundary crossing per batch, and one name's calls reach
-//! the adapter one batch at a time, in the order they came. That task takes the next batch only
-//! after the callers it just answered had their turn to call again: taken at once, the callers
-//! split into two cohorts that alternate (each waits out the other's batch before its own), and
-//! a broker round trip bounds throughput at half what one batch per round trip gives. A call
-//! failed by a trap is tried again on the replacement instance.
+//! finds fewer calls of its name in flight than the lane's depth (one, or for appends what
+//! the adapter's drivers allow: `DriverInfo::appends_in_flight`) and none waiting makes its
+//! adapter call at once, on its own task (no hand-over to another task: one in flight pays one
+//! boundary crossing and nothing more). Calls that arrive while the lane is full wait, in
+//! order, and then go as one batch, from a task started for them that takes every call waiting
+//! each time and ends when none is left — so throughput under load pays one boundary crossing
+//! per batch, and one name's calls reach the adapter at most depth at a time (with a depth of
+//! one, one batch after the other), in the order they came. That task takes the next batch
+//! only after the callers it just answered had their turn to call again: taken at once, the
+//! callers split into two cohorts that alternate (each waits out the other's batch before its
+//! own), and a broker round trip bounds throughput at half what one batch per round trip
+//! gives. A deeper lane's second place goes to a caller that finds it free, alone, not to half
+//! of a batch: a batch split in two goes out and comes back as one (measured on Kafka), while
+//! a call beside it keeps the broker's pipeline fed. A call failed by a trap is tried again on
+//! the replacement instance.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,6 +34,16 @@ pub(crate) type BatchCall<I, A> = dyn Fn(AdapterInstance, String, Arc<[I]>) -> P
 
 type Request<I, A> = (I, oneshot::Sender<Result<A>>);
 
+/// How many batches of one name may be in flight at once on an adapter.
+pub(crate) type Depth = fn(&AdapterInstance) -> usize;
+
+/// A name's calls while one is in flight: those waiting, and how many are in flight (callers'
+/// own calls and batch tasks).
+struct Lane<R> {
+    waiting: Vec<R>,
+    in_flight: usize,
+}
+
 /// At most this many yields of a lane's batch task, between two batches, for the callers it
 /// answered to call again.
 const CALLERS_IN_YIELDS: usize = 8;
@@ -41,17 +56,30 @@ pub(crate) struct Batchers<I, A> {
 struct Shared<I, A> {
     slot: Arc<AdapterSlot>,
     max: usize,
+    depth: Depth,
     call: Arc<BatchCall<I, A>>,
-    /// A name is here while a call of it is in flight; its value holds the calls waiting.
-    lanes: Mutex<HashMap<String, Vec<Request<I, A>>>>,
+    /// A name is here while a call of it is in flight.
+    lanes: Mutex<HashMap<String, Lane<Request<I, A>>>>,
 }
 
 impl<I: Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
-    /// Batchers making at most `max` items per `call`.
+    /// Batchers making at most `max` items per `call`, one batch of a name at a time.
     pub(crate) fn new(slot: Arc<AdapterSlot>, max: usize, call: Arc<BatchCall<I, A>>) -> Self {
+        Self::with_depth(slot, max, |_| 1, call)
+    }
+
+    /// Batchers making at most `max` items per `call`, with as many batches of a name in
+    /// flight at once as `depth` says for the adapter calls go to.
+    pub(crate) fn with_depth(
+        slot: Arc<AdapterSlot>,
+        max: usize,
+        depth: Depth,
+        call: Arc<BatchCall<I, A>>,
+    ) -> Self {
         let shared = Shared {
             slot,
             max,
+            depth,
             call,
             lanes: Mutex::new(HashMap::new()),
         };
@@ -66,13 +94,26 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
         let queued = {
             let mut lanes = self.shared.lanes();
             match lanes.get_mut(name) {
-                Some(waiting) => {
+                // Room for another batch in flight (an adapter whose drivers pipeline a name's
+                // writes) and none waiting: this call goes at once, beside the one out.
+                Some(lane)
+                    if lane.waiting.is_empty()
+                        && lane.in_flight < self.shared.slot.read(self.shared.depth) =>
+                {
+                    lane.in_flight += 1;
+                    Ok(item)
+                }
+                Some(lane) => {
                     let (reply, answer) = oneshot::channel();
-                    waiting.push((item, reply));
+                    lane.waiting.push((item, reply));
                     Err(answer)
                 }
                 None => {
-                    lanes.insert(name.to_owned(), Vec::new());
+                    let lane = Lane {
+                        waiting: Vec::new(),
+                        in_flight: 1,
+                    };
+                    lanes.insert(name.to_owned(), lane);
                     Ok(item)
                 }
             }
@@ -104,7 +145,7 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Batchers<I, A> {
 }
 
 impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
-    fn lanes(&self) -> MutexGuard<'_, HashMap<String, Vec<Request<I, A>>>> {
+    fn lanes(&self) -> MutexGuard<'_, HashMap<String, Lane<Request<I, A>>>> {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -119,8 +160,9 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     /// times): the callers a batch answered may be woken on another worker, and a batch taken
     /// before they call again splits them into cohorts that wait out each other's batches.
     async fn let_callers_in(&self, name: &str) {
-        let waiting =
-            |lanes: &HashMap<String, Vec<Request<I, A>>>| lanes.get(name).map_or(0, Vec::len);
+        let waiting = |lanes: &HashMap<String, Lane<Request<I, A>>>| {
+            lanes.get(name).map_or(0, |lane| lane.waiting.len())
+        };
         let mut seen = waiting(&self.lanes());
         for _ in 0..CALLERS_IN_YIELDS {
             tokio::task::yield_now().await;
@@ -132,23 +174,30 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
         }
     }
 
-    /// The calls waiting behind the one in flight for `name`, taken off its lane; none waiting
-    /// closes the lane (the next call of `name` goes at once again).
+    /// The calls waiting for `name`, taken off its lane; none waiting gives up this task's
+    /// place in flight (the next call of `name` may go at once again).
     fn next_batch(&self, name: &str) -> Option<Vec<Request<I, A>>> {
         let mut lanes = self.lanes();
-        if close_if_idle(&mut lanes, name) {
+        if leave_if_idle(&mut lanes, name) {
             return None;
         }
-        lanes.get_mut(name).map(std::mem::take)
+        lanes
+            .get_mut(name)
+            .map(|lane| std::mem::take(&mut lane.waiting))
     }
 
-    /// The call in flight for `name` ended: the calls waiting go next, from a task of their own
-    /// that takes them when it runs (so a call the lead's caller makes next joins them); none
-    /// waiting closes the lane.
+    /// A call in flight for `name` ended: the calls waiting go next, in its place, from a task
+    /// of their own that takes them when it runs (so a call the lead's caller makes next joins
+    /// them); none waiting gives up its place.
     fn hand_over(self: &Arc<Self>, name: &str) {
-        if close_if_idle(&mut self.lanes(), name) {
+        if leave_if_idle(&mut self.lanes(), name) {
             return;
         }
+        self.spawn_drain(name);
+    }
+
+    /// Start a batch task for `name`'s waiting calls, in a place in flight already held.
+    fn spawn_drain(self: &Arc<Self>, name: &str) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned()))),
             // No runtime left to run them (it is shutting down): they end as closed.
@@ -160,8 +209,8 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
     }
 
     /// Make the calls waiting for `name`, `max` at a time, then those that came meanwhile,
-    /// until none waits. After each batch it yields once, so the callers it answered (woken on
-    /// this worker) call again before it takes the next one.
+    /// until none waits. After each batch it yields, so the callers it answered (woken on this
+    /// worker) call again before it takes the next one.
     async fn drain(self: Arc<Self>, name: String) {
         // Dropped unfinished (its runtime shut down), it closes the lane: the calls waiting
         // there end as closed rather than wait for a task that will not come.
@@ -182,6 +231,7 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
                         item
                     })
                     .collect();
+                tracing::trace!(name, items = items.len(), "a batch of waiting calls");
                 let answers = shared.batch(name, items).await;
                 let answers = answers.map(|answers| answers.into_iter().map(Ok).collect());
                 hand_out(replies, answers, "items");
@@ -189,7 +239,7 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
             }
             shared.let_callers_in(name).await;
         }
-        // `next_batch` closed the lane when it found none waiting.
+        // `next_batch` gave up this task's place when it found none waiting.
         lane.finished = true;
     }
 }
@@ -207,13 +257,20 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Drop for Lead<I, A> {
     }
 }
 
-/// Whether `name`'s lane has no call waiting; if so it is closed (the next call goes at once).
-fn close_if_idle<R>(lanes: &mut HashMap<String, Vec<R>>, name: &str) -> bool {
-    let idle = lanes.get(name).is_none_or(Vec::is_empty);
-    if idle {
+/// Whether `name`'s lane has no call waiting; if so, one call or task in flight leaves it
+/// (the lane closes when the last one leaves, and the next call goes at once).
+fn leave_if_idle<R>(lanes: &mut HashMap<String, Lane<R>>, name: &str) -> bool {
+    let Some(lane) = lanes.get_mut(name) else {
+        return true;
+    };
+    if !lane.waiting.is_empty() {
+        return false;
+    }
+    lane.in_flight = lane.in_flight.saturating_sub(1);
+    if lane.in_flight == 0 {
         lanes.remove(name);
     }
-    idle
+    true
 }
 
 /// A lane's batch task while it runs: dropped before it finished, it closes the lane.
@@ -257,5 +314,88 @@ pub(crate) fn hand_out<T>(
         Err(e) => replies
             .into_iter()
             .for_each(|r| drop(r.send(Err(e.clone())))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Broker;
+
+    /// Batchers of one name whose call holds each batch 50 ms, and the batch sizes it saw and
+    /// the most batches it had in flight at once.
+    struct Probe {
+        sizes: Arc<Mutex<Vec<usize>>>,
+        most: Arc<AtomicUsize>,
+    }
+
+    fn batchers(slot: Arc<AdapterSlot>, depth: Depth) -> (Batchers<u32, u32>, Probe) {
+        let probe = Probe {
+            sizes: Arc::new(Mutex::new(Vec::new())),
+            most: Arc::new(AtomicUsize::new(0)),
+        };
+        let (sizes, most) = (probe.sizes.clone(), probe.most.clone());
+        let active = Arc::new(AtomicUsize::new(0));
+        let call: Arc<BatchCall<u32, u32>> = Arc::new(move |_adapter, _name, items| {
+            let (sizes, most, active) = (sizes.clone(), most.clone(), active.clone());
+            Box::pin(async move {
+                sizes.lock().unwrap().push(items.len());
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                active.fetch_sub(1, Ordering::SeqCst);
+                Ok(items.iter().map(|i| i * 10).collect())
+            })
+        });
+        (Batchers::with_depth(slot, 64, depth, call), probe)
+    }
+
+    /// Submit 0..count to one name at once; every answer must be its own.
+    async fn submit_all(batchers: &Batchers<u32, u32>, count: u32) {
+        let calls = (0..count).map(|i| batchers.submit("t", i));
+        for (i, answer) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(answer.unwrap(), i as u32 * 10);
+        }
+    }
+
+    /// The lane closes once its batch task has seen none waiting (after the answers: it lets
+    /// the callers call again first).
+    async fn closes(batchers: &Batchers<u32, u32>) {
+        for _ in 0..1000 {
+            if batchers.shared.lanes().is_empty() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the lane stayed open with nothing in flight");
+    }
+
+    #[tokio::test]
+    async fn one_batch_of_a_name_in_flight_at_a_time_by_default() {
+        let broker = Broker::memory().await.unwrap();
+        let (batchers, probe) = batchers(broker.inner.slot.clone(), |_| 1);
+        submit_all(&batchers, 10).await;
+        assert_eq!(probe.most.load(Ordering::SeqCst), 1);
+        assert_eq!(*probe.sizes.lock().unwrap(), [1, 9]);
+        closes(&batchers).await;
+    }
+
+    #[tokio::test]
+    async fn a_deeper_lane_sends_a_call_beside_the_one_in_flight_and_batches_the_rest() {
+        let broker = Broker::memory().await.unwrap();
+        let (batchers, probe) = batchers(broker.inner.slot.clone(), |_| 2);
+        submit_all(&batchers, 10).await;
+        assert_eq!(probe.most.load(Ordering::SeqCst), 2);
+        let mut sizes = probe.sizes.lock().unwrap().clone();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [1, 1, 8]);
+        closes(&batchers).await;
     }
 }

@@ -72,6 +72,11 @@ impl AdapterSlot {
         }
     }
 
+    /// `f` of the adapter instance calls go to now, without cloning it.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&AdapterInstance) -> R) -> R {
+        f(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The adapter instance calls go to now.
     pub fn current(&self) -> AdapterInstance {
         self.current

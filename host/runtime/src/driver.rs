@@ -32,12 +32,18 @@ pub struct DriverInfo {
     pub embedded_adapter: &'static [u8],
     /// Links its interface into a component's linker.
     pub linker: LinkFn,
+    /// How many append calls of one topic the host keeps in flight at once on an adapter this
+    /// driver is lent to: more than one where the driver's client pipelines a connection's
+    /// writes in the order they were made (each batch keeps its order; two concurrent calls
+    /// have none between them, as from two host instances); one where an adapter chains each
+    /// batch onto the one before it (NATS).
+    pub appends_in_flight: usize,
 }
 
 impl DriverInfo {
     /// Lend `connection` (this driver's own type) to an adapter.
     pub fn lend<T: std::any::Any + Send + Sync>(&self, connection: T) -> Lent {
-        Lent::new(self.interface, connection, self.linker)
+        Lent::new(self.interface, connection, self.linker).appends_in_flight(self.appends_in_flight)
     }
 }
 

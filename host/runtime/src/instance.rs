@@ -87,6 +87,8 @@ impl TrapLog {
 pub(crate) struct Shared {
     info: AdapterInfo,
     capabilities: Capabilities,
+    /// Append batches of one topic kept in flight at once (its drivers' fewest).
+    appends_in_flight: usize,
     limits: Limits,
     traps: watch::Sender<TrapLog>,
     /// The memory and tables the live instance holds (its limiter's count).
@@ -188,6 +190,7 @@ impl AdapterInstance {
         let (gen_tx, generations) = watch::channel(generation);
         let shared = Arc::new(Shared {
             capabilities: component.capabilities,
+            appends_in_flight: config.drivers.appends_in_flight(),
             info,
             limits: config.limits.clone(),
             traps: watch::channel(TrapLog::default()).0,
@@ -221,6 +224,12 @@ impl AdapterInstance {
     /// What `describe` said.
     pub fn info(&self) -> &AdapterInfo {
         &self.shared.info
+    }
+
+    /// How many append batches of one topic the host keeps in flight at once on this adapter
+    /// (the fewest its lent drivers allow).
+    pub fn appends_in_flight(&self) -> usize {
+        self.shared.appends_in_flight
     }
 
     /// The capabilities the component exports.

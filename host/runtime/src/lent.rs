@@ -20,6 +20,7 @@ pub struct Lent {
     interface: &'static str,
     connection: Arc<dyn Any + Send + Sync>,
     link: LinkFn,
+    appends_in_flight: usize,
 }
 
 impl Lent {
@@ -30,7 +31,15 @@ impl Lent {
             interface,
             connection: Arc::new(connection),
             link,
+            appends_in_flight: 1,
         }
+    }
+
+    /// Let the host keep `count` append batches of one topic in flight at once (at least
+    /// one; [`crate::DriverInfo::appends_in_flight`]).
+    pub fn appends_in_flight(mut self, count: usize) -> Self {
+        self.appends_in_flight = count.max(1);
+        self
     }
 
     /// The WIT interface it serves, without version (`wrpc:redis/client`).
@@ -79,6 +88,16 @@ impl DriverConnections {
     /// Whether `interface` is a driver this host has, lent or not.
     pub fn knows(&self, interface: &str) -> bool {
         self.known.contains(&interface) || self.grants(interface)
+    }
+
+    /// How many append batches of one topic the host keeps in flight at once: the fewest any
+    /// lent driver allows, one when none is lent.
+    pub fn appends_in_flight(&self) -> usize {
+        self.lent
+            .iter()
+            .map(|l| l.appends_in_flight)
+            .min()
+            .unwrap_or(1)
     }
 
     /// Link the lent drivers' interfaces, and only those.

@@ -114,9 +114,10 @@ impl Logs {
     pub(crate) fn new(slot: Arc<AdapterSlot>) -> Self {
         Self {
             slot: slot.clone(),
-            appends: Batchers::new(
+            appends: Batchers::with_depth(
                 slot,
                 MAX_APPEND_BATCH,
+                AdapterInstance::appends_in_flight,
                 Arc::new(|adapter, topic, records| {
                     Box::pin(async move { adapter.log_append(topic, records).await })
                 }),

@@ -63,6 +63,7 @@ static INFO: DriverInfo = DriverInfo {
     interface: INTERFACE,
     embedded_adapter: ADAPTER,
     linker: add_to_linker,
+    appends_in_flight: 1,
 };
 
 impl Driver for MemoryDriver {
