@@ -377,25 +377,25 @@ mod tests {
         panic!("the lane stayed open with nothing in flight");
     }
 
+    /// Ten calls of one name at once through a lane of `depth`: the most batches in flight
+    /// at once, and the batch sizes, smallest first.
+    async fn ten_calls(depth: Depth) -> (usize, Vec<usize>) {
+        let broker = Broker::memory().await.unwrap();
+        let (batchers, probe) = batchers(broker.inner.slot.clone(), depth);
+        submit_all(&batchers, 10).await;
+        closes(&batchers).await;
+        let mut sizes = probe.sizes.lock().unwrap().clone();
+        sizes.sort_unstable();
+        (probe.most.load(Ordering::SeqCst), sizes)
+    }
+
     #[tokio::test]
     async fn one_batch_of_a_name_in_flight_at_a_time_by_default() {
-        let broker = Broker::memory().await.unwrap();
-        let (batchers, probe) = batchers(broker.inner.slot.clone(), |_| 1);
-        submit_all(&batchers, 10).await;
-        assert_eq!(probe.most.load(Ordering::SeqCst), 1);
-        assert_eq!(*probe.sizes.lock().unwrap(), [1, 9]);
-        closes(&batchers).await;
+        assert_eq!(ten_calls(|_| 1).await, (1, vec![1, 9]));
     }
 
     #[tokio::test]
     async fn a_deeper_lane_sends_a_call_beside_the_one_in_flight_and_batches_the_rest() {
-        let broker = Broker::memory().await.unwrap();
-        let (batchers, probe) = batchers(broker.inner.slot.clone(), |_| 2);
-        submit_all(&batchers, 10).await;
-        assert_eq!(probe.most.load(Ordering::SeqCst), 2);
-        let mut sizes = probe.sizes.lock().unwrap().clone();
-        sizes.sort_unstable();
-        assert_eq!(sizes, [1, 1, 8]);
-        closes(&batchers).await;
+        assert_eq!(ten_calls(|_| 2).await, (2, vec![1, 1, 8]));
     }
 }
