@@ -193,11 +193,6 @@ impl<I: Send + Sync + 'static, A: Send + 'static> Shared<I, A> {
         if leave_if_idle(&mut self.lanes(), name) {
             return;
         }
-        self.spawn_drain(name);
-    }
-
-    /// Start a batch task for `name`'s waiting calls, in a place in flight already held.
-    fn spawn_drain(self: &Arc<Self>, name: &str) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(self.clone().drain(name.to_owned()))),
             // No runtime left to run them (it is shutting down): they end as closed.
@@ -325,13 +320,13 @@ mod tests {
     use super::*;
     use crate::Broker;
 
-    /// Batchers of one name whose call holds each batch 50 ms, and the batch sizes it saw and
-    /// the most batches it had in flight at once.
+    /// What a test lane's call saw: each batch's size, and the most batches in flight at once.
     struct Probe {
         sizes: Arc<Mutex<Vec<usize>>>,
         most: Arc<AtomicUsize>,
     }
 
+    /// Batchers of `depth` whose call holds each batch 50 ms and answers each item × 10.
     fn batchers(slot: Arc<AdapterSlot>, depth: Depth) -> (Batchers<u32, u32>, Probe) {
         let probe = Probe {
             sizes: Arc::new(Mutex::new(Vec::new())),

@@ -79,10 +79,7 @@ impl AdapterSlot {
 
     /// The adapter instance calls go to now.
     pub fn current(&self) -> AdapterInstance {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.read(AdapterInstance::clone)
     }
 }
 

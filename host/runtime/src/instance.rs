@@ -87,7 +87,7 @@ impl TrapLog {
 pub(crate) struct Shared {
     info: AdapterInfo,
     capabilities: Capabilities,
-    /// Append batches of one topic kept in flight at once (its drivers' fewest).
+    /// Append calls of one topic kept in flight at once (its drivers' fewest).
     appends_in_flight: usize,
     limits: Limits,
     traps: watch::Sender<TrapLog>,
@@ -226,7 +226,7 @@ impl AdapterInstance {
         &self.shared.info
     }
 
-    /// How many append batches of one topic the host keeps in flight at once on this adapter
+    /// How many append calls of one topic the host keeps in flight at once on this adapter
     /// (the fewest its lent drivers allow).
     pub fn appends_in_flight(&self) -> usize {
         self.shared.appends_in_flight

@@ -35,7 +35,7 @@ impl Lent {
         }
     }
 
-    /// Let the host keep `count` append batches of one topic in flight at once (at least
+    /// Let the host keep `count` append calls of one topic in flight at once (at least
     /// one; [`crate::DriverInfo::appends_in_flight`]).
     pub fn appends_in_flight(mut self, count: usize) -> Self {
         self.appends_in_flight = count.max(1);
@@ -90,7 +90,7 @@ impl DriverConnections {
         self.known.contains(&interface) || self.grants(interface)
     }
 
-    /// How many append batches of one topic the host keeps in flight at once: the fewest any
+    /// How many append calls of one topic the host keeps in flight at once: the fewest any
     /// lent driver allows, one when none is lent.
     pub fn appends_in_flight(&self) -> usize {
         self.lent
